@@ -1,0 +1,79 @@
+"""The operator CLI: real subprocesses, JSON output, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "walkeep.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture
+def env(db_url: str, tmp_path: Path) -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("WALKEEP_")}
+    e["WALKEEP_DATA_DIR"] = str(tmp_path / "data")
+    e["WALKEEP_DATABASE_URL"] = db_url
+    return e
+
+
+def test_account_create_then_balance(env: dict[str, str]) -> None:
+    out = run(["account", "create", "acme", "--credits-usd", "5", "--json"], env)
+    assert out.returncode == 0, out.stderr
+    created = json.loads(out.stdout)
+    assert set(created) == {"account_id", "api_key"}
+    assert created["api_key"].startswith("wk_live_")
+    bal = run(["balance", "--account", created["account_id"], "--json"], env)
+    assert bal.returncode == 0, bal.stderr
+    data = json.loads(bal.stdout)
+    assert data["balance_credits"] == 500
+    assert data["balance_usd"] == "5.00"
+
+
+def test_grant_key_create_and_revoke(env: dict[str, str]) -> None:
+    acct = json.loads(run(["account", "create", "beta", "--json"], env).stdout)["account_id"]
+    g = run(["credits", "grant", "--account", "beta", "--usd", "2.50", "--reason", "promo", "--json"], env)
+    assert g.returncode == 0, g.stderr
+    assert json.loads(g.stdout)["balance_credits"] == 250
+    k = run(["key", "create", "--account", acct, "--namespace", "work", "--json"], env)
+    assert k.returncode == 0, k.stderr
+    prefix = json.loads(k.stdout)["prefix"]
+    r = run(["key", "revoke", prefix], env)
+    assert r.returncode == 0 and prefix in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["balance", "--account", "acct_doesnotexist"], "unknown account"),
+        (["balance", "--account", "nobody"], "unknown account"),
+        (["account", "create", "x", "--credits-usd", "-3"], "must not be negative"),
+        (["account", "create", "x", "--credits-usd", "lots"], "must be a number"),
+        (["credits", "grant", "--account", "nobody", "--usd", "1", "--reason", "r"], "unknown account"),
+        (["key", "revoke", "wk_live_nothere"], "no API key"),
+    ],
+)
+def test_bad_input_is_one_line_not_a_traceback(env: dict[str, str], args: list[str], needle: str) -> None:
+    out = run(args, env)
+    assert out.returncode != 0
+    assert needle in out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_unreachable_database_is_one_line(env: dict[str, str]) -> None:
+    env["WALKEEP_DATABASE_URL"] = "postgresql+psycopg://postgres@127.0.0.1:9/nowhere"
+    out = run(["balance", "--account", "x"], env)
+    assert out.returncode != 0
+    assert "database unreachable" in out.stderr and "Traceback" not in out.stderr

@@ -1,0 +1,155 @@
+"""Engines and transactions that behave the same on SQLite and PostgreSQL.
+
+SQLite (the embedded default) runs in WAL mode with a busy timeout and
+foreign keys on. Its writers start with ``BEGIN IMMEDIATE`` so that a
+read-then-write transaction can never fail to upgrade its lock half way
+(the classic SQLITE_BUSY deadlock busy_timeout cannot resolve); read-only
+sessions use a plain deferred ``BEGIN`` so they never block writers.
+PostgreSQL uses READ COMMITTED plus row locks / conditional updates, written
+where they are needed (ledger, job claims).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from walkeep.clock import Clock, SystemClock
+from walkeep.errors import ConfigurationError
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def _sqlite_on_connect(dbapi_conn: sqlite3.Connection, _record: Any) -> None:
+    # Take transaction control away from the driver: we issue BEGIN ourselves.
+    dbapi_conn.isolation_level = None
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.close()
+
+
+def _sqlite_on_begin(conn: Any) -> None:
+    if conn.get_execution_options().get("walkeep_readonly"):
+        conn.exec_driver_sql("BEGIN")
+    else:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    """Create an engine for ``url`` with Walkeep's per-dialect settings."""
+    u = make_url(url)
+    if u.get_backend_name() == "sqlite":
+        if u.database and u.database != ":memory:":
+            Path(u.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(
+            u,
+            connect_args={
+                "check_same_thread": False,
+                "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000,
+            },
+            pool_size=kwargs.pop("pool_size", 8),
+            max_overflow=kwargs.pop("max_overflow", 16),
+            **kwargs,
+        )
+        event.listen(engine, "connect", _sqlite_on_connect)
+        event.listen(engine, "begin", _sqlite_on_begin)
+        return engine
+    if u.get_backend_name() == "postgresql":
+        if u.get_driver_name() not in ("psycopg", "psycopg2", "psycopg_async"):
+            raise ConfigurationError(
+                f"unsupported PostgreSQL driver {u.get_driver_name()!r}: "
+                "use postgresql+psycopg://user@host/db"
+            )
+        if u.get_driver_name() != "psycopg":
+            u = u.set(drivername="postgresql+psycopg")
+        return create_engine(
+            u,
+            pool_pre_ping=True,
+            pool_size=kwargs.pop("pool_size", 10),
+            max_overflow=kwargs.pop("max_overflow", 20),
+            **kwargs,
+        )
+    raise ConfigurationError(
+        f"unsupported database URL scheme {u.drivername!r}: use sqlite:///path or "
+        "postgresql+psycopg://user@host/db"
+    )
+
+
+class Database:
+    """Owns the engine and hands out transactional sessions.
+
+    ``with db.begin() as s:`` is one write transaction (commit on success,
+    rollback on exception). ``with db.read() as s:`` is a read-only one.
+    """
+
+    def __init__(self, url: str, clock: Clock | None = None, **engine_kwargs: Any) -> None:
+        self.url = url
+        self.clock: Clock = clock or SystemClock()
+        self.engine = make_engine(url, **engine_kwargs)
+        self.dialect = self.engine.dialect.name
+        # session.info["clock"] lets code deep in a transaction ask for "now".
+        self._write = sessionmaker(self.engine, expire_on_commit=False, info={"clock": self.clock})
+        self._read = sessionmaker(
+            self.engine.execution_options(walkeep_readonly=True),
+            expire_on_commit=False,
+            info={"clock": self.clock},
+        )
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.dialect == "sqlite"
+
+    @property
+    def is_postgres(self) -> bool:
+        return self.dialect == "postgresql"
+
+    @property
+    def sqlite_path(self) -> Path | None:
+        if not self.is_sqlite:
+            return None
+        db = make_url(self.url).database
+        return None if not db or db == ":memory:" else Path(db).expanduser().resolve()
+
+    @contextmanager
+    def begin(self) -> Iterator[Session]:
+        with self._write() as session, session.begin():
+            yield session
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        with self._read() as session, session.begin():
+            yield session
+
+    def ping(self) -> None:
+        """Raise ConfigurationError with a one-line reason if the database is unreachable."""
+        try:
+            with self.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+                conn.rollback()
+        except (OperationalError, DBAPIError) as exc:
+            reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+            raise ConfigurationError(
+                f"database unreachable ({redact(self.url)}): {reason}"
+            ) from exc
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<unparseable database URL>"

@@ -1,0 +1,303 @@
+"""The relational model (DESIGN §3), identical on SQLite and PostgreSQL.
+
+Money is integer millicredits (1 credit = 1 US cent = 1000 mc); epochs are
+integers. The database enforces what must never break even if code is wrong:
+balances can't go negative (CHECK), a ledger reference is used once per
+account (UNIQUE), a hold is settled at most once (UNIQUE ``settles_id``), a
+request id is claimed once per account and tool (UNIQUE).
+
+Schema changes go through Alembic migrations in ``migrations/versions``;
+``tests/test_migrations.py`` fails if this module and the migrations drift.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# Auto-increment primary keys: BIGINT on PostgreSQL, INTEGER (rowid alias) on SQLite.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetimes in, aware UTC datetimes out, on every backend.
+
+    SQLite has no time zones; storing naive UTC and re-attaching UTC on the
+    way out keeps comparisons and arithmetic correct everywhere.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTCDateTime column")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSON()}
+
+
+class Account(Base):
+    __tablename__ = "accounts"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    # Cached from ledger_entries, updated in the same transaction as each entry.
+    balance_mc: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    held_mc: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    created_at: Mapped[datetime]
+    disabled_at: Mapped[datetime | None]
+
+    __table_args__ = (
+        CheckConstraint("balance_mc >= 0", name="balance_nonneg"),
+        CheckConstraint("held_mc >= 0", name="held_nonneg"),
+        CheckConstraint("held_mc <= balance_mc", name="held_le_balance"),
+    )
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), index=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(32), unique=True)
+    default_namespace: Mapped[str | None] = mapped_column(String(255))
+    created_at: Mapped[datetime]
+    revoked_at: Mapped[datetime | None]
+
+
+class LedgerEntry(Base):
+    """Append-only. ``amount_mc`` is a positive magnitude; ``kind`` gives its effect."""
+
+    __tablename__ = "ledger_entries"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    kind: Mapped[str] = mapped_column(String(16))
+    amount_mc: Mapped[int] = mapped_column(BigInteger)
+    ref: Mapped[str] = mapped_column(String(200))
+    # For capture/release: the hold it settles. UNIQUE => a hold settles once.
+    settles_id: Mapped[int | None] = mapped_column(
+        BigId, ForeignKey("ledger_entries.id"), unique=True
+    )
+    balance_after_mc: Mapped[int] = mapped_column(BigInteger)
+    held_after_mc: Mapped[int] = mapped_column(BigInteger)
+    memo: Mapped[str | None] = mapped_column(String(500))
+    created_at: Mapped[datetime]
+
+    __table_args__ = (
+        UniqueConstraint("account_id", "ref"),
+        CheckConstraint("amount_mc > 0", name="amount_positive"),
+        Index(None, "account_id", "kind", "created_at"),
+    )
+
+
+class Blob(Base):
+    """An on-chain Walrus Blob object owned by the server wallet: the unit of renewal."""
+
+    __tablename__ = "blobs"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    account_id: Mapped[str | None] = mapped_column(ForeignKey("accounts.id"))
+    blob_id: Mapped[str] = mapped_column(String(64))
+    blob_object_id: Mapped[str] = mapped_column(String(80), unique=True)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    storage_size: Mapped[int] = mapped_column(BigInteger)
+    registered_epoch: Mapped[int] = mapped_column(Integer)
+    end_epoch: Mapped[int] = mapped_column(Integer)
+    # live | orphan | expired
+    status: Mapped[str] = mapped_column(String(16))
+    renewals_performed: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    last_renewal_tx: Mapped[str | None] = mapped_column(String(100))
+    next_renewal_epoch: Mapped[int | None] = mapped_column(Integer)
+    # A renewal intent currently covering this blob (a lease other workers skip).
+    pending_renewal_id: Mapped[int | None] = mapped_column(BigId, ForeignKey("renewals.id"))
+    renew_not_before: Mapped[datetime | None]
+    renew_failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+    __table_args__ = (
+        Index(None, "status", "end_epoch"),
+        Index(None, "account_id", "blob_id"),
+    )
+
+
+class Memory(Base):
+    __tablename__ = "memories"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    namespace: Mapped[str] = mapped_column(String(255))
+    metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSON)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    content_hash: Mapped[str] = mapped_column(String(64))
+    # accepting | storing | active | paused | no-renew | expired | failed
+    status: Mapped[str] = mapped_column(String(16))
+    blob_pk: Mapped[int | None] = mapped_column(BigId, ForeignKey("blobs.id"))
+    cost_mc: Mapped[int] = mapped_column(BigInteger)
+    attempt: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    job_id: Mapped[str | None] = mapped_column(String(100))
+    accepted_at: Mapped[datetime]
+    deadline_at: Mapped[datetime]
+    stored_at: Mapped[datetime | None]
+    forgotten_at: Mapped[datetime | None]
+    status_changed_at: Mapped[datetime]
+    failure_reason: Mapped[str | None] = mapped_column(String(500))
+
+    __table_args__ = (
+        Index(None, "account_id", "namespace", "status"),
+        Index(None, "blob_pk"),
+        Index(None, "status", "accepted_at"),
+        Index(None, "account_id", "content_hash"),
+    )
+
+
+class Renewal(Base):
+    """One chain transaction. Written as an intent (with its digest) before submission."""
+
+    __tablename__ = "renewals"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    digest: Mapped[str] = mapped_column(String(100), unique=True)
+    network: Mapped[str] = mapped_column(String(16))
+    # intent | confirmed | failed | abandoned
+    status: Mapped[str] = mapped_column(String(16))
+    walrus_epoch: Mapped[int] = mapped_column(Integer)
+    blob_count: Mapped[int] = mapped_column(Integer)
+    cost_mc: Mapped[int] = mapped_column(BigInteger)
+    wal_cost_frost: Mapped[int | None] = mapped_column(BigInteger)
+    gas_used: Mapped[int | None] = mapped_column(BigInteger)
+    tx_bytes: Mapped[str | None] = mapped_column(Text)
+    worker: Mapped[str | None] = mapped_column(String(100))
+    error: Mapped[str | None] = mapped_column(String(1000))
+    created_at: Mapped[datetime]
+    submitted_at: Mapped[datetime | None]
+    settled_at: Mapped[datetime | None]
+
+    __table_args__ = (Index(None, "status", "created_at"),)
+
+
+class RenewalItem(Base):
+    __tablename__ = "renewal_items"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    renewal_id: Mapped[int] = mapped_column(BigId, ForeignKey("renewals.id"), index=True)
+    blob_pk: Mapped[int] = mapped_column(BigId, ForeignKey("blobs.id"), index=True)
+    account_id: Mapped[str | None] = mapped_column(ForeignKey("accounts.id"))
+    epochs: Mapped[int] = mapped_column(Integer)
+    old_end_epoch: Mapped[int] = mapped_column(Integer)
+    new_end_epoch: Mapped[int] = mapped_column(Integer)
+    cost_mc: Mapped[int] = mapped_column(BigInteger)
+    hold_ref: Mapped[str | None] = mapped_column(String(200))
+
+
+class Request(Base):
+    """Idempotency record per (account, tool, request_id)."""
+
+    __tablename__ = "requests"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    tool: Mapped[str] = mapped_column(String(32))
+    request_id: Mapped[str] = mapped_column(String(255))
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    # in_progress | done | failed
+    status: Mapped[str] = mapped_column(String(16))
+    memory_id: Mapped[str | None] = mapped_column(String(32))
+    response: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+    __table_args__ = (UniqueConstraint("account_id", "tool", "request_id"),)
+
+
+class CheckoutSession(Base):
+    __tablename__ = "checkout_sessions"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    request_id: Mapped[str] = mapped_column(String(255))
+    amount_cents: Mapped[int] = mapped_column(BigInteger)
+    currency: Mapped[str] = mapped_column(String(3))
+    provider: Mapped[str] = mapped_column(String(16))
+    provider_session_id: Mapped[str | None] = mapped_column(String(255), unique=True)
+    url: Mapped[str | None] = mapped_column(Text)
+    # creating | open | complete | expired | failed
+    status: Mapped[str] = mapped_column(String(16))
+    payment_status: Mapped[str | None] = mapped_column(String(32))
+    idempotency_key: Mapped[str] = mapped_column(String(255))
+    credited_entry_id: Mapped[int | None] = mapped_column(BigId, ForeignKey("ledger_entries.id"))
+    expires_at: Mapped[datetime]
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+    __table_args__ = (
+        UniqueConstraint("account_id", "request_id"),
+        Index(None, "status", "created_at"),
+    )
+
+
+class StripeEvent(Base):
+    __tablename__ = "stripe_events"
+
+    id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    type: Mapped[str] = mapped_column(String(100))
+    session_id: Mapped[str | None] = mapped_column(String(255))
+    received_at: Mapped[datetime]
+    processed_at: Mapped[datetime | None]
+
+
+__all__ = [
+    "Account",
+    "ApiKey",
+    "Base",
+    "Blob",
+    "CheckoutSession",
+    "LedgerEntry",
+    "Memory",
+    "Renewal",
+    "RenewalItem",
+    "Request",
+    "StripeEvent",
+    "UTCDateTime",
+]

@@ -1,0 +1,106 @@
+"""The one error hierarchy every layer raises and every transport renders.
+
+Codes are the contract (seeds/walkeep-tool-reference.txt): agents branch on
+``code`` and read ``data`` for what to do next, so every error carries both.
+Transports turn these into MCP ``isError`` results or REST bodies with the same
+``{code, message, data}`` envelope; nothing else (no traceback, no secret)
+ever reaches a client.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class WalkeepError(Exception):
+    """Base class: a typed, client-safe failure."""
+
+    code: ClassVar[str] = "INTERNAL"
+    http_status: ClassVar[int] = 500
+
+    def __init__(self, message: str, data: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.data: dict[str, Any] = dict(data or {})
+
+    def body(self) -> dict[str, Any]:
+        """The wire envelope shared by MCP and REST."""
+        return {"code": self.code, "message": self.message, "data": self.data}
+
+    def __repr__(self) -> str:  # pragma: no cover - debugging aid
+        return f"{type(self).__name__}({self.message!r}, {self.data!r})"
+
+
+class InsufficientBalance(WalkeepError):
+    """Credits can't cover the operation; nothing happened."""
+
+    code = "INSUFFICIENT_BALANCE"
+    http_status = 402
+
+
+class NotFound(WalkeepError):
+    """Unknown id for this account (never reveals other accounts' ids)."""
+
+    code = "NOT_FOUND"
+    http_status = 404
+
+
+class QuotaExceeded(WalkeepError):
+    """Over a per-account limit; ``data`` carries the limit."""
+
+    code = "QUOTA_EXCEEDED"
+    http_status = 429
+
+
+class RelayerUnavailable(WalkeepError):
+    """Storage backend unreachable; nothing stored or billed."""
+
+    code = "RELAYER_UNAVAILABLE"
+    http_status = 503
+
+
+class ValidationError(WalkeepError):
+    """Malformed input past schema validation."""
+
+    code = "VALIDATION_ERROR"
+    http_status = 422
+
+
+class PaymentsUnavailable(WalkeepError):
+    """The payment provider is unreachable; nothing was recorded as final."""
+
+    code = "PAYMENTS_UNAVAILABLE"
+    http_status = 503
+
+
+class Unauthorized(WalkeepError):
+    """Missing, unknown or revoked API key."""
+
+    code = "UNAUTHORIZED"
+    http_status = 401
+
+
+class Internal(WalkeepError):
+    """An unexpected failure; details are logged, never returned."""
+
+    code = "INTERNAL"
+    http_status = 500
+
+
+class ConfigurationError(Exception):
+    """The process is misconfigured and must not start.
+
+    Not a WalkeepError: it is raised at boot, to an operator, never to an agent.
+    """
+
+
+ALL_CODES: tuple[str, ...] = (
+    InsufficientBalance.code,
+    NotFound.code,
+    QuotaExceeded.code,
+    RelayerUnavailable.code,
+    ValidationError.code,
+    PaymentsUnavailable.code,
+    Unauthorized.code,
+    Internal.code,
+)

@@ -1,0 +1,56 @@
+"""Identifier formats, in one place so every layer agrees on them.
+
+Ids are random, prefixed by kind (``acct_``, ``mem_``, …) so a human reading a
+log line or an agent reading a result can tell what they are holding.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+_ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford base32, lower case
+
+
+def _token(n_chars: int) -> str:
+    return "".join(secrets.choice(_ALPHABET) for _ in range(n_chars))
+
+
+def new_account_id() -> str:
+    return "acct_" + _token(20)
+
+
+def new_memory_id() -> str:
+    return "mem_" + _token(26)
+
+
+def new_key_id() -> str:
+    return "key_" + _token(20)
+
+
+def new_checkout_id() -> str:
+    return "tu_" + _token(24)
+
+
+API_KEY_PREFIXES = ("wk_live_", "wk_test_")
+API_KEY_DISPLAY_CHARS = 8
+
+
+def new_api_key(prefix: str = "wk_live_") -> str:
+    """An API key with 256 bits of entropy (URL-safe base64 body)."""
+    if prefix not in API_KEY_PREFIXES:
+        raise ValueError(f"unknown API key prefix {prefix!r}")
+    return prefix + secrets.token_urlsafe(32)
+
+
+def api_key_hash(key: str) -> str:
+    """SHA-256 hex: the only form of a key the database ever holds."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def api_key_display_prefix(key: str) -> str:
+    """The short, non-secret part of a key shown in listings and used to revoke it."""
+    for p in API_KEY_PREFIXES:
+        if key.startswith(p):
+            return key[: len(p) + API_KEY_DISPLAY_CHARS]
+    raise ValueError("not a Walkeep API key")

@@ -1,0 +1,403 @@
+"""The credits ledger: append-only entries, a cached balance, no way below zero.
+
+Units: 1 credit = 1 US cent = 1000 millicredits (mc). Everything is an ``int``
+in millicredits so sub-cent renewal prices stay exact; floats never touch money.
+
+Every operation runs inside the caller's transaction (a ``Session`` from
+``Database.begin()``) so the service layer can make "capture the hold and
+register the memory" one atomic step. Every operation is idempotent on a
+``ref`` that is UNIQUE per account: replaying it returns the original entry
+and changes nothing.
+
+Concurrency. ``hold`` and ``debit`` are a single conditional UPDATE
+(``… WHERE balance_mc - held_mc >= :amount``): the database evaluates the
+condition against the latest committed row under its row lock (PostgreSQL)
+or the database write lock taken by ``BEGIN IMMEDIATE`` (SQLite), so two
+racing holds can never both spend the same credits. CHECK constraints on
+``accounts`` back this up. A hold is settled (captured or released) at most
+once, enforced by the UNIQUE ``settles_id`` column.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import ROUND_CEILING, Decimal, InvalidOperation
+from enum import StrEnum
+
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from walkeep.db.models import Account, LedgerEntry
+from walkeep.errors import InsufficientBalance, NotFound, ValidationError
+
+MC_PER_CREDIT = 1000
+CREDITS_PER_USD = 100
+MC_PER_USD = MC_PER_CREDIT * CREDITS_PER_USD
+
+
+class Kind(StrEnum):
+    TOPUP = "topup"
+    GRANT = "grant"
+    ADJUSTMENT = "adjustment"
+    HOLD = "hold"
+    CAPTURE = "capture"
+    RELEASE = "release"
+    DEBIT = "debit"
+
+
+CREDIT_KINDS = frozenset({Kind.TOPUP, Kind.GRANT, Kind.ADJUSTMENT})
+
+
+class LedgerConflict(Exception):
+    """A ref was reused for a different operation, or a hold was already settled
+    the other way. A programming error, not a client error."""
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    id: int
+    account_id: str
+    kind: str
+    amount_mc: int
+    ref: str
+    settles_id: int | None
+    balance_after_mc: int
+    held_after_mc: int
+    memo: str | None
+    created_at: datetime
+    replayed: bool = False
+
+    @classmethod
+    def of(cls, row: LedgerEntry, replayed: bool = False) -> Entry:
+        return cls(
+            id=row.id,
+            account_id=row.account_id,
+            kind=row.kind,
+            amount_mc=row.amount_mc,
+            ref=row.ref,
+            settles_id=row.settles_id,
+            balance_after_mc=row.balance_after_mc,
+            held_after_mc=row.held_after_mc,
+            memo=row.memo,
+            created_at=row.created_at,
+            replayed=replayed,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Balance:
+    balance_mc: int
+    held_mc: int
+
+    @property
+    def available_mc(self) -> int:
+        return self.balance_mc - self.held_mc
+
+
+# --- unit conversions (exact) ------------------------------------------------------
+
+
+def usd_to_mc(amount: str | int | Decimal, *, max_decimals: int = 2) -> int:
+    """Parse a US-dollar amount exactly; more than ``max_decimals`` decimals is an error."""
+    try:
+        d = Decimal(str(amount)) if not isinstance(amount, Decimal) else amount
+    except InvalidOperation as exc:
+        raise ValidationError(f"not a number: {amount!r}", {"field": "amount_usd"}) from exc
+    if not d.is_finite():
+        raise ValidationError("amount must be a finite number", {"field": "amount_usd"})
+    exponent = d.normalize().as_tuple().exponent
+    if isinstance(exponent, int) and exponent < -max_decimals:
+        raise ValidationError(
+            f"amount has more than {max_decimals} decimal places",
+            {"field": "amount_usd", "max_decimals": max_decimals},
+        )
+    return int(d * MC_PER_USD)
+
+
+def credits_to_mc(credits: int) -> int:
+    return credits * MC_PER_CREDIT
+
+
+def mc_to_credits_ceil(mc: int) -> int:
+    """Whole credits needed to cover ``mc`` (what an agent must top up)."""
+    return -(-mc // MC_PER_CREDIT)
+
+
+def credits_display(mc: int) -> int | float:
+    """Credits as a JSON number for humans and agents.
+
+    Whole credits are an ``int``; otherwise a float with at most three
+    decimals, which round-trips exactly. Display only: arithmetic stays in mc.
+    """
+    return mc // MC_PER_CREDIT if mc % MC_PER_CREDIT == 0 else mc / MC_PER_CREDIT
+
+
+def mc_to_usd_str(mc: int) -> str:
+    """Dollars with two decimals, rounded down to the cent (never overstates a balance)."""
+    cents = mc // MC_PER_CREDIT
+    return f"{cents // 100}.{cents % 100:02d}"
+
+
+def mc_to_usd_ceil(mc: int) -> Decimal:
+    return (Decimal(mc) / MC_PER_USD).quantize(Decimal("0.01"), rounding=ROUND_CEILING)
+
+
+# --- reads -------------------------------------------------------------------------------
+
+
+def balance(session: Session, account_id: str) -> Balance:
+    row = session.execute(
+        select(Account.balance_mc, Account.held_mc).where(Account.id == account_id)
+    ).one_or_none()
+    if row is None:
+        raise NotFound(f"unknown account {account_id}", {"account_id": account_id})
+    return Balance(balance_mc=row[0], held_mc=row[1])
+
+
+def find(session: Session, account_id: str, ref: str) -> Entry | None:
+    row = session.scalar(
+        select(LedgerEntry).where(LedgerEntry.account_id == account_id, LedgerEntry.ref == ref)
+    )
+    return Entry.of(row, replayed=True) if row else None
+
+
+def open_holds(session: Session, account_id: str) -> list[Entry]:
+    settled = select(LedgerEntry.settles_id).where(
+        LedgerEntry.account_id == account_id, LedgerEntry.settles_id.is_not(None)
+    )
+    rows = session.scalars(
+        select(LedgerEntry)
+        .where(
+            LedgerEntry.account_id == account_id,
+            LedgerEntry.kind == Kind.HOLD,
+            LedgerEntry.id.not_in(settled),
+        )
+        .order_by(LedgerEntry.id)
+    )
+    return [Entry.of(r) for r in rows]
+
+
+def recompute(session: Session, account_id: str) -> Balance:
+    """The balance derived from entries alone (audits and tests compare it to the cache)."""
+    bal = held = 0
+    for kind, amount in session.execute(
+        select(LedgerEntry.kind, LedgerEntry.amount_mc).where(LedgerEntry.account_id == account_id)
+    ):
+        if kind in CREDIT_KINDS:
+            bal += amount
+        elif kind == Kind.DEBIT:
+            bal -= amount
+        elif kind == Kind.HOLD:
+            held += amount
+        elif kind == Kind.CAPTURE:
+            bal -= amount
+            held -= amount
+        elif kind == Kind.RELEASE:
+            held -= amount
+    return Balance(balance_mc=bal, held_mc=held)
+
+
+# --- writes ------------------------------------------------------------------------------
+
+
+def credit(
+    session: Session,
+    account_id: str,
+    amount_mc: int,
+    *,
+    ref: str,
+    kind: Kind = Kind.TOPUP,
+    memo: str | None = None,
+) -> Entry:
+    """Add credits (top-up, grant, positive adjustment)."""
+    if kind not in CREDIT_KINDS:
+        raise ValueError(f"{kind} is not a credit kind")
+    _positive(amount_mc)
+
+    def apply() -> bool:
+        res = session.execute(
+            update(Account)
+            .where(Account.id == account_id)
+            .values(balance_mc=Account.balance_mc + amount_mc)
+        )
+        return res.rowcount == 1
+
+    return _post(session, account_id, kind, amount_mc, ref, memo, apply)
+
+
+def hold(
+    session: Session, account_id: str, amount_mc: int, *, ref: str, memo: str | None = None
+) -> Entry:
+    """Reserve credits; raises InsufficientBalance (writing nothing) if available < amount."""
+    _positive(amount_mc)
+
+    def apply() -> bool:
+        res = session.execute(
+            update(Account)
+            .where(Account.id == account_id, Account.balance_mc - Account.held_mc >= amount_mc)
+            .values(held_mc=Account.held_mc + amount_mc)
+        )
+        return res.rowcount == 1
+
+    return _post(session, account_id, Kind.HOLD, amount_mc, ref, memo, apply)
+
+
+def debit(
+    session: Session, account_id: str, amount_mc: int, *, ref: str, memo: str | None = None
+) -> Entry:
+    """Spend credits directly (no hold); refuses to touch held credits."""
+    _positive(amount_mc)
+
+    def apply() -> bool:
+        res = session.execute(
+            update(Account)
+            .where(Account.id == account_id, Account.balance_mc - Account.held_mc >= amount_mc)
+            .values(balance_mc=Account.balance_mc - amount_mc)
+        )
+        return res.rowcount == 1
+
+    return _post(session, account_id, Kind.DEBIT, amount_mc, ref, memo, apply)
+
+
+def capture(
+    session: Session,
+    account_id: str,
+    hold_ref: str,
+    *,
+    ref: str | None = None,
+    memo: str | None = None,
+) -> Entry:
+    """Turn a hold into a charge. Applied once; excludes ``release`` of the same hold."""
+    return _settle(session, account_id, hold_ref, Kind.CAPTURE, ref or f"{hold_ref}:capture", memo)
+
+
+def release(
+    session: Session,
+    account_id: str,
+    hold_ref: str,
+    *,
+    ref: str | None = None,
+    memo: str | None = None,
+) -> Entry:
+    """Give a hold back. Applied once; excludes ``capture`` of the same hold."""
+    return _settle(session, account_id, hold_ref, Kind.RELEASE, ref or f"{hold_ref}:release", memo)
+
+
+# --- internals ---------------------------------------------------------------------------
+
+
+def _positive(amount_mc: int) -> None:
+    if not isinstance(amount_mc, int) or isinstance(amount_mc, bool):
+        raise TypeError("ledger amounts are integer millicredits")
+    if amount_mc <= 0:
+        raise ValidationError("amount must be positive", {"amount_mc": amount_mc})
+
+
+def _check_replay(existing: Entry, kind: str, amount_mc: int | None) -> Entry:
+    if existing.kind != kind or (amount_mc is not None and existing.amount_mc != amount_mc):
+        raise LedgerConflict(
+            f"ledger ref {existing.ref!r} already used for {existing.kind} of {existing.amount_mc} mc"
+        )
+    return existing
+
+
+def _post(session, account_id, kind, amount_mc, ref, memo, apply) -> Entry:  # type: ignore[no-untyped-def]
+    existing = find(session, account_id, ref)
+    if existing:
+        return _check_replay(existing, kind, amount_mc)
+    try:
+        with session.begin_nested():
+            if not apply():
+                # Nothing was written; tell a missing account from a short balance.
+                bal = balance(session, account_id)  # raises NotFound
+                raise InsufficientBalance(
+                    "not enough credits",
+                    {"needed_mc": amount_mc, "available_mc": bal.available_mc},
+                )
+            bal = balance(session, account_id)
+            row = LedgerEntry(
+                account_id=account_id,
+                kind=str(kind),
+                amount_mc=amount_mc,
+                ref=ref,
+                balance_after_mc=bal.balance_mc,
+                held_after_mc=bal.held_mc,
+                memo=memo,
+                created_at=_now(session),
+            )
+            session.add(row)
+            session.flush()
+            return Entry.of(row)
+    except IntegrityError:
+        # A concurrent transaction posted the same ref first; ours was rolled back.
+        existing = find(session, account_id, ref)
+        if existing is None:
+            raise
+        return _check_replay(existing, kind, amount_mc)
+
+
+def _settle(
+    session: Session, account_id: str, hold_ref: str, kind: Kind, ref: str, memo: str | None
+) -> Entry:
+    existing = find(session, account_id, ref)
+    if existing:
+        return _check_replay(existing, kind, None)
+    hold_row = session.scalar(
+        select(LedgerEntry).where(
+            LedgerEntry.account_id == account_id,
+            LedgerEntry.ref == hold_ref,
+            LedgerEntry.kind == Kind.HOLD,
+        )
+    )
+    if hold_row is None:
+        raise NotFound(f"no hold {hold_ref!r}", {"hold_ref": hold_ref})
+    _raise_if_settled(session, hold_row.id, hold_ref)
+    amount = hold_row.amount_mc
+    values = (
+        {"balance_mc": Account.balance_mc - amount, "held_mc": Account.held_mc - amount}
+        if kind == Kind.CAPTURE
+        else {"held_mc": Account.held_mc - amount}
+    )
+    try:
+        with session.begin_nested():
+            session.execute(update(Account).where(Account.id == account_id).values(**values))
+            bal = balance(session, account_id)
+            row = LedgerEntry(
+                account_id=account_id,
+                kind=str(kind),
+                amount_mc=amount,
+                ref=ref,
+                settles_id=hold_row.id,
+                balance_after_mc=bal.balance_mc,
+                held_after_mc=bal.held_mc,
+                memo=memo,
+                created_at=_now(session),
+            )
+            session.add(row)
+            session.flush()
+            return Entry.of(row)
+    except IntegrityError:
+        existing = find(session, account_id, ref)
+        if existing is not None:
+            return _check_replay(existing, kind, None)
+        _raise_if_settled(session, hold_row.id, hold_ref)
+        raise
+
+
+def _raise_if_settled(session: Session, hold_id: int, hold_ref: str) -> None:
+    settled = session.scalar(select(LedgerEntry).where(LedgerEntry.settles_id == hold_id))
+    if settled is not None:
+        raise LedgerConflict(
+            f"hold {hold_ref!r} was already settled by {settled.kind} {settled.ref!r}"
+        )
+
+
+def _now(session: Session) -> datetime:
+    clock = session.info.get("clock")
+    if clock is not None:
+        return clock.now()  # type: ignore[no-any-return]
+    from walkeep.clock import utcnow
+
+    return utcnow()

@@ -1,0 +1,74 @@
+"""Memory states and runway math. Pure: no database, no network.
+
+A memory moves ``accepting → storing → active`` as its write lands, and from
+``active`` to ``paused`` (renewal unfunded; paid runway still counts down),
+``no-renew`` (forgotten; lapses at its end_epoch) or ``expired`` (its blob's
+end_epoch has passed). ``failed`` is a write that never landed (the hold was
+released; the request may be retried with the same request_id).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+# Walrus refuses to keep storage paid for more than this many epochs ahead.
+MAX_EPOCHS_AHEAD = 53
+
+
+class MemoryStatus(StrEnum):
+    ACCEPTING = "accepting"
+    STORING = "storing"
+    ACTIVE = "active"
+    PAUSED = "paused"
+    NO_RENEW = "no-renew"
+    EXPIRED = "expired"
+    FAILED = "failed"
+
+
+# What recall and export show: stored, not forgotten, not lapsed.
+VISIBLE = frozenset({MemoryStatus.ACTIVE, MemoryStatus.PAUSED})
+# Accepted and not yet settled either way.
+IN_FLIGHT = frozenset({MemoryStatus.ACCEPTING, MemoryStatus.STORING})
+# Shown by check_runway (a failed write is not a memory).
+LISTED = frozenset(
+    {
+        MemoryStatus.STORING,
+        MemoryStatus.ACTIVE,
+        MemoryStatus.PAUSED,
+        MemoryStatus.NO_RENEW,
+        MemoryStatus.EXPIRED,
+    }
+)
+
+
+class BlobStatus(StrEnum):
+    LIVE = "live"
+    ORPHAN = "orphan"
+    EXPIRED = "expired"
+
+
+def runway(end_epoch: int, current_epoch: int) -> int:
+    """Paid epochs left. ``end_epoch`` is exclusive, so 0 means lapsed."""
+    return max(0, end_epoch - current_epoch)
+
+
+def is_due(end_epoch: int, current_epoch: int, threshold: int) -> bool:
+    """Renew early: as soon as runway falls to the threshold, never at the last moment."""
+    return current_epoch < end_epoch and end_epoch - current_epoch <= threshold
+
+
+def extension_epochs(end_epoch: int, current_epoch: int, target_runway: int) -> int:
+    """Epochs to add so runway reaches ``target_runway``, within Walrus's 53-epoch cap.
+
+    Returns 0 when nothing should (or can) be added.
+    """
+    if current_epoch >= end_epoch:
+        return 0
+    remaining = end_epoch - current_epoch
+    wanted = max(0, target_runway - remaining)
+    return max(0, min(wanted, MAX_EPOCHS_AHEAD - remaining))
+
+
+def next_renewal_epoch(end_epoch: int, threshold: int) -> int:
+    """The first epoch at which the worker will try to renew this blob."""
+    return end_epoch - threshold

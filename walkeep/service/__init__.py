@@ -1,0 +1,1 @@
+"""The service layer: Walkeep's operations, transport-free (DESIGN §1)."""

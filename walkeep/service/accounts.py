@@ -1,0 +1,206 @@
+"""Accounts and API keys (operator-side; agents never call these).
+
+Keys are shown once, at creation. The database keeps only their SHA-256 and a
+short display prefix, so a leaked database does not leak working keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+
+from walkeep import ids, ledger
+from walkeep.db import Database
+from walkeep.db.models import Account, ApiKey
+from walkeep.errors import NotFound, Unauthorized, ValidationError
+from walkeep.ledger import Kind
+from walkeep.service.renew import resume_paused
+
+NAMESPACE_MAX_BYTES = 255
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedAccount:
+    account_id: str
+    name: str
+    api_key: str
+    key_prefix: str
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedKey:
+    key_id: str
+    account_id: str
+    api_key: str
+    prefix: str
+    default_namespace: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: the account an API key resolves to."""
+
+    account_id: str
+    key_id: str
+    default_namespace: str | None
+
+
+def validate_namespace(namespace: str, field: str = "namespace") -> str:
+    n = len(namespace.encode("utf-8"))
+    if n < 1 or n > NAMESPACE_MAX_BYTES:
+        raise ValidationError(
+            f"{field} must be 1–{NAMESPACE_MAX_BYTES} UTF-8 bytes (got {n})",
+            {"field": field, "min_bytes": 1, "max_bytes": NAMESPACE_MAX_BYTES, "bytes": n},
+        )
+    return namespace
+
+
+def create_account(
+    db: Database,
+    name: str,
+    *,
+    credits_mc: int = 0,
+    grant_reason: str = "initial credits",
+    default_namespace: str | None = None,
+) -> CreatedAccount:
+    name = name.strip()
+    if not name or len(name) > 200:
+        raise ValidationError("account name must be 1–200 characters", {"field": "name"})
+    if credits_mc < 0:
+        raise ValidationError("credits must not be negative", {"field": "credits"})
+    account_id = ids.new_account_id()
+    now = db.clock.now()
+    try:
+        with db.begin() as s:
+            s.add(Account(id=account_id, name=name, created_at=now))
+            s.flush()
+            if credits_mc:
+                ledger.credit(
+                    s,
+                    account_id,
+                    credits_mc,
+                    ref="grant:initial",
+                    kind=Kind.GRANT,
+                    memo=grant_reason,
+                )
+            key, prefix, _ = _add_key(s, account_id, default_namespace, now)
+    except IntegrityError as exc:
+        raise ValidationError(f"an account named {name!r} already exists", {"name": name}) from exc
+    return CreatedAccount(account_id=account_id, name=name, api_key=key, key_prefix=prefix)
+
+
+def create_key(
+    db: Database, account_id: str, *, default_namespace: str | None = None
+) -> CreatedKey:
+    with db.begin() as s:
+        if s.get(Account, account_id) is None:
+            raise NotFound(f"unknown account {account_id}", {"account_id": account_id})
+        key, prefix, key_id = _add_key(s, account_id, default_namespace, db.clock.now())
+    return CreatedKey(key_id, account_id, key, prefix, default_namespace)
+
+
+def revoke_key(db: Database, prefix: str) -> str:
+    """Revoke the key with this display prefix; returns its account id."""
+    with db.begin() as s:
+        row = s.scalar(select(ApiKey).where(ApiKey.prefix == prefix))
+        if row is None:
+            raise NotFound(f"no API key with prefix {prefix!r}", {"prefix": prefix})
+        if row.revoked_at is None:
+            row.revoked_at = db.clock.now()
+        return row.account_id
+
+
+def authenticate(db: Database, api_key: str) -> Principal:
+    """Resolve a presented key to its account; revoked or unknown keys are refused."""
+    if not api_key or not api_key.startswith(ids.API_KEY_PREFIXES):
+        raise Unauthorized("missing or malformed API key")
+    with db.read() as s:
+        row = s.execute(
+            select(
+                ApiKey.id,
+                ApiKey.account_id,
+                ApiKey.default_namespace,
+                ApiKey.revoked_at,
+                Account.disabled_at,
+            )
+            .join(Account, Account.id == ApiKey.account_id)
+            .where(ApiKey.key_hash == ids.api_key_hash(api_key))
+        ).one_or_none()
+    if row is None or row.revoked_at is not None or row.disabled_at is not None:
+        raise Unauthorized("unknown or revoked API key")
+    return Principal(
+        account_id=row.account_id, key_id=row.id, default_namespace=row.default_namespace
+    )
+
+
+def grant(
+    db: Database, account_id: str, amount_mc: int, *, reason: str, ref: str | None = None
+) -> ledger.Entry:
+    if amount_mc <= 0:
+        raise ValidationError("grant amount must be positive", {"field": "usd"})
+    if not reason.strip():
+        raise ValidationError("a grant needs a reason", {"field": "reason"})
+    with db.begin() as s:
+        if s.get(Account, account_id) is None:
+            raise NotFound(f"unknown account {account_id}", {"account_id": account_id})
+        entry = ledger.credit(
+            s,
+            account_id,
+            amount_mc,
+            ref=ref or f"grant:{ids.new_key_id()[4:]}",
+            kind=Kind.GRANT,
+            memo=reason.strip()[:500],
+        )
+        resume_paused(s, account_id)
+    return entry
+
+
+@dataclass(frozen=True, slots=True)
+class AccountBalance:
+    account_id: str
+    name: str
+    balance_mc: int
+    held_mc: int
+    created_at: datetime
+
+    @property
+    def available_mc(self) -> int:
+        return self.balance_mc - self.held_mc
+
+
+def get_account(db: Database, account_id: str) -> AccountBalance:
+    with db.read() as s:
+        row = s.get(Account, account_id)
+        if row is None:
+            raise NotFound(f"unknown account {account_id}", {"account_id": account_id})
+        return AccountBalance(row.id, row.name, row.balance_mc, row.held_mc, row.created_at)
+
+
+def find_account_by_name(db: Database, name: str) -> str | None:
+    with db.read() as s:
+        return s.scalar(select(Account.id).where(Account.name == name))
+
+
+def _add_key(
+    s, account_id: str, default_namespace: str | None, now: datetime
+) -> tuple[str, str, str]:  # type: ignore[no-untyped-def]
+    if default_namespace is not None:
+        validate_namespace(default_namespace, "default_namespace")
+    key = ids.new_api_key()
+    prefix = ids.api_key_display_prefix(key)
+    key_id = ids.new_key_id()
+    s.add(
+        ApiKey(
+            id=key_id,
+            account_id=account_id,
+            key_hash=ids.api_key_hash(key),
+            prefix=prefix,
+            default_namespace=default_namespace,
+            created_at=now,
+        )
+    )
+    s.flush()
+    return key, prefix, key_id
