@@ -60,15 +60,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     report = outcome.get_result()
     if IN_CI and ON_PG and report.skipped:
         report.outcome = "failed"
-        report.longrepr = f"CI=true with PostgreSQL configured: a skip is a failure ({report.longrepr})"
+        report.longrepr = (
+            f"CI=true with PostgreSQL configured: a skip is a failure ({report.longrepr})"
+        )
 
 
 # --- PostgreSQL: one database per xdist worker -----------------------------------------
 
 
 def _admin_url() -> str:
-    return make_url(PG_URL).set(drivername="postgresql+psycopg").render_as_string(
-        hide_password=False
+    return (
+        make_url(PG_URL).set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
     )
 
 
@@ -80,7 +82,9 @@ def _pg_create_database(prefix: str) -> str:
             c.execute(text(f'CREATE DATABASE "{name}"'))
     except Exception as exc:
         engine.dispose()
-        msg = f"PostgreSQL at {make_url(PG_URL).render_as_string(hide_password=True)} unusable: {exc}"
+        msg = (
+            f"PostgreSQL at {make_url(PG_URL).render_as_string(hide_password=True)} unusable: {exc}"
+        )
         if IN_CI:
             pytest.fail(msg, pytrace=False)
         pytest.skip(msg)

@@ -44,7 +44,10 @@ def test_account_create_then_balance(env: dict[str, str]) -> None:
 
 def test_grant_key_create_and_revoke(env: dict[str, str]) -> None:
     acct = json.loads(run(["account", "create", "beta", "--json"], env).stdout)["account_id"]
-    g = run(["credits", "grant", "--account", "beta", "--usd", "2.50", "--reason", "promo", "--json"], env)
+    g = run(
+        ["credits", "grant", "--account", "beta", "--usd", "2.50", "--reason", "promo", "--json"],
+        env,
+    )
     assert g.returncode == 0, g.stderr
     assert json.loads(g.stdout)["balance_credits"] == 250
     k = run(["key", "create", "--account", acct, "--namespace", "work", "--json"], env)
@@ -61,11 +64,16 @@ def test_grant_key_create_and_revoke(env: dict[str, str]) -> None:
         (["balance", "--account", "nobody"], "unknown account"),
         (["account", "create", "x", "--credits-usd", "-3"], "must not be negative"),
         (["account", "create", "x", "--credits-usd", "lots"], "must be a number"),
-        (["credits", "grant", "--account", "nobody", "--usd", "1", "--reason", "r"], "unknown account"),
+        (
+            ["credits", "grant", "--account", "nobody", "--usd", "1", "--reason", "r"],
+            "unknown account",
+        ),
         (["key", "revoke", "wk_live_nothere"], "no API key"),
     ],
 )
-def test_bad_input_is_one_line_not_a_traceback(env: dict[str, str], args: list[str], needle: str) -> None:
+def test_bad_input_is_one_line_not_a_traceback(
+    env: dict[str, str], args: list[str], needle: str
+) -> None:
     out = run(args, env)
     assert out.returncode != 0
     assert needle in out.stderr

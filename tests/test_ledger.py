@@ -218,7 +218,13 @@ def test_concurrent_replays_of_one_ref_post_once(db: Database) -> None:
 
 @pytest.mark.parametrize(
     ("usd", "mc"),
-    [("5", 500_000), ("0.5", 50_000), ("0.01", 1000), ("10000.00", 1_000_000_000), ("1.10", 110_000)],
+    [
+        ("5", 500_000),
+        ("0.5", 50_000),
+        ("0.01", 1000),
+        ("10000.00", 1_000_000_000),
+        ("1.10", 110_000),
+    ],
 )
 def test_usd_parsing_is_exact(usd: str, mc: int) -> None:
     assert ledger.usd_to_mc(usd) == mc

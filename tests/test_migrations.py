@@ -34,7 +34,7 @@ def _tables(url: str) -> set[str]:
 
 def test_upgrade_downgrade_upgrade(fresh_db_url: str) -> None:
     migrations.upgrade(fresh_db_url)
-    assert EXPECTED_TABLES <= _tables(fresh_db_url)
+    assert _tables(fresh_db_url) >= EXPECTED_TABLES
     assert len(migrations.current_heads(fresh_db_url)) == 1
     migrations.downgrade(fresh_db_url, "base")
     assert _tables(fresh_db_url) == set()

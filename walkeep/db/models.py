@@ -23,6 +23,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -287,12 +288,75 @@ class StripeEvent(Base):
     processed_at: Mapped[datetime | None]
 
 
+class WriteJob(Base):
+    """A write Walkeep runs itself (local and Walrus backends): encrypt → put → index.
+
+    Holds the ciphertext until the blob has landed so an accepted write
+    survives a crash; cleared once it has.
+    """
+
+    __tablename__ = "write_jobs"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    namespace: Mapped[str] = mapped_column(String(255))
+    idempotency_key: Mapped[str] = mapped_column(String(200), unique=True)
+    ciphertext: Mapped[bytes | None] = mapped_column(LargeBinary)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    epochs: Mapped[int] = mapped_column(Integer)
+    # pending | landed | failed
+    status: Mapped[str] = mapped_column(String(16))
+    not_before: Mapped[datetime]
+    lease_until: Mapped[datetime | None]
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    error: Mapped[str | None] = mapped_column(String(1000))
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+    __table_args__ = (Index(None, "status", "not_before"),)
+
+
+class Embedding(Base):
+    """One vector per chunk of a blob's plaintext, for Walkeep's own semantic index."""
+
+    __tablename__ = "embeddings"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    namespace: Mapped[str] = mapped_column(String(255))
+    blob_id: Mapped[str] = mapped_column(String(64))
+    chunk: Mapped[int] = mapped_column(Integer)
+    model: Mapped[str] = mapped_column(String(64))
+    dim: Mapped[int] = mapped_column(Integer)
+    vector: Mapped[bytes] = mapped_column(LargeBinary)  # float32, L2-normalised
+    created_at: Mapped[datetime]
+
+    __table_args__ = (
+        Index(None, "account_id", "namespace", "model", "id"),
+        UniqueConstraint("account_id", "blob_id", "model", "chunk"),
+    )
+
+
+class DataKey(Base):
+    """An account's data-encryption key, wrapped (AES-KW) by the master key."""
+
+    __tablename__ = "data_keys"
+
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), primary_key=True)
+    wrapped: Mapped[bytes] = mapped_column(LargeBinary)
+    master_key_id: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime]
+
+
 __all__ = [
     "Account",
     "ApiKey",
     "Base",
     "Blob",
     "CheckoutSession",
+    "DataKey",
+    "Embedding",
     "LedgerEntry",
     "Memory",
     "Renewal",
@@ -300,4 +364,5 @@ __all__ = [
     "Request",
     "StripeEvent",
     "UTCDateTime",
+    "WriteJob",
 ]

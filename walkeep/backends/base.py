@@ -1,0 +1,276 @@
+"""The ports between Walkeep and the outside world (DESIGN §2).
+
+Three small Protocols, each with local and real implementations:
+
+- ``BlobStore`` — a Walrus publisher/aggregator: put encrypted bytes, get
+  them back. Local: ``localnet`` (files + simulated chain). Real: ``walrus``
+  (HTTP).
+- ``Chain`` — the Sui side: the current Walrus epoch, a Blob object's state,
+  and ``extend_blob`` for many blobs in one transaction whose digest is known
+  *before* it is submitted (the renewal intent records it). Local: the
+  simulated chain. Real: ``sui`` (pysui over gRPC).
+- ``Relayer`` — what the service layer talks to for memories: accept a write
+  and report when it landed, read, semantic search, list contents, health.
+  ``SelfRelayer`` runs the write pipeline itself (encrypt, index, put to a
+  BlobStore); ``MemWalRelayer`` delegates to the hosted MemWal relayer.
+
+All methods are synchronous: the service layer runs them on worker threads.
+Failures are typed: ``RelayerUnavailable`` (unreachable / 5xx: nothing
+happened, retry), ``QuotaExceeded`` (too large), ``NotFound`` (gone), and the
+chain-specific errors below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Literal, Protocol, runtime_checkable
+
+WriteHealth = Literal["ok", "degraded", "paused"]
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    ok: bool
+    writes: WriteHealth = "ok"
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class BlobObject:
+    """A Walrus ``Blob`` object as it stands on chain."""
+
+    blob_id: str  # 32 bytes, URL-safe base64 without padding (43 chars)
+    blob_object_id: str  # 0x + 64 hex
+    size: int  # unencoded bytes
+    storage_size: int  # encoded bytes: what storage is billed on
+    registered_epoch: int
+    end_epoch: int  # exclusive: lapsed once current_epoch >= end_epoch
+    owner: str  # 0x + 64 hex
+    certified_epoch: int | None = None
+    deletable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class StoredBlob:
+    """The outcome of a publisher PUT."""
+
+    blob: BlobObject
+    newly_created: bool
+    cost_frost: int | None = None
+
+
+@runtime_checkable
+class BlobStore(Protocol):
+    name: str
+
+    def put(self, data: bytes, *, epochs: int, owner: str) -> StoredBlob:
+        """Store bytes for ``epochs`` epochs; the Blob object goes to ``owner``.
+
+        Raises RelayerUnavailable (unreachable, 5xx, 504), QuotaExceeded (413).
+        """
+        ...
+
+    def get(self, blob_id: str) -> bytes:
+        """Raises NotFound if the blob never existed or has lapsed."""
+        ...
+
+    def health(self) -> Health: ...
+
+
+# --- chain ---------------------------------------------------------------------------------
+
+
+class ChainError(Exception):
+    """Base for chain failures."""
+
+
+class ChainRejected(ChainError):
+    """The transaction was refused or failed on chain: nothing was applied.
+
+    Terminal for this transaction (e.g. an expired blob, the 53-epoch cap,
+    insufficient WAL). Safe to release holds.
+    """
+
+
+class ChainUnavailable(ChainError):
+    """The node could not be reached or the outcome is unknown.
+
+    The transaction *may* have been applied: never treat this as "nothing
+    happened"; reconcile by digest.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class EpochInfo:
+    epoch: int
+    # When the current epoch started and how long epochs last (for human
+    # estimates such as "lapses around 2026-12-14"). Approximate on real networks.
+    started_at: datetime | None
+    duration_seconds: int
+
+
+@dataclass(frozen=True, slots=True)
+class BlobExtension:
+    blob_object_id: str
+    blob_id: str
+    epochs: int
+    old_end_epoch: int
+    new_end_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedTx:
+    """A signed-ready transaction whose digest is already known."""
+
+    digest: str
+    tx_bytes: str  # base64 of the BCS TransactionData
+    items: tuple[tuple[str, int], ...]  # (blob_object_id, epochs)
+    epoch: int  # Walrus epoch when prepared
+    payload: object | None = None  # implementation detail (e.g. signature)
+
+
+@dataclass(frozen=True, slots=True)
+class TxEffects:
+    digest: str
+    success: bool
+    sender: str
+    epoch: int
+    timestamp: datetime | None
+    extensions: tuple[BlobExtension, ...] = ()
+    wal_cost_frost: int | None = None
+    gas_used: int | None = None
+    error: str | None = None
+    checkpoint: int | None = None
+    network: str = "local"
+
+
+@runtime_checkable
+class Chain(Protocol):
+    network: str  # "local" | "testnet" | "mainnet"
+
+    def current_epoch(self) -> int: ...
+
+    def epoch_info(self) -> EpochInfo: ...
+
+    def owner_address(self) -> str:
+        """The server wallet that owns every Blob Walkeep renews."""
+        ...
+
+    def storage_price_frost(self) -> int:
+        """Storage price per MiB unit per epoch, in FROST."""
+        ...
+
+    def get_blob(self, blob_object_id: str) -> BlobObject | None:
+        """None if no such object (or it was deleted)."""
+        ...
+
+    def owned_blobs(self) -> Iterator[BlobObject]:
+        """Every Blob object the server wallet owns (for the orphan sweep)."""
+        ...
+
+    def prepare_extend(self, items: Sequence[tuple[str, int]]) -> PreparedTx:
+        """Build (and sign) one transaction extending each blob by its epochs.
+
+        Does not submit. The digest is final: the same PreparedTx, executed,
+        produces exactly this digest. Raises ChainRejected if a precondition
+        already fails (unknown/expired blob, cap exceeded), ChainUnavailable
+        if the node can't be reached.
+        """
+        ...
+
+    def execute(self, tx: PreparedTx) -> TxEffects:
+        """Submit. All or nothing for the batch.
+
+        Returns effects (``success=True``) or raises ChainRejected (nothing
+        applied) / ChainUnavailable (outcome unknown: reconcile by digest).
+        """
+        ...
+
+    def get_transaction(self, digest: str) -> TxEffects | None:
+        """Look a transaction up again (reconciliation, audit). None if unknown."""
+        ...
+
+    def explorer_tx_url(self, digest: str) -> str: ...
+
+    def explorer_object_url(self, object_id: str) -> str: ...
+
+
+# --- relayer -------------------------------------------------------------------------------
+
+
+class JobState(StrEnum):
+    PENDING = "pending"
+    LANDED = "landed"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class JobStatus:
+    state: JobState
+    blob: BlobObject | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SearchHit:
+    blob_id: str
+    score: float
+    content: str | None = None  # filled when the backend returns text with hits
+
+
+@dataclass(frozen=True, slots=True)
+class ListedContent:
+    blob_id: str
+    namespace: str
+    content: str
+
+
+@runtime_checkable
+class Relayer(Protocol):
+    name: str
+    # True when ``list_contents`` can return every memory's text (export).
+    content_listable: bool
+
+    def health(self) -> Health: ...
+
+    def accept(
+        self, *, account_id: str, namespace: str, content: str, idempotency_key: str, epochs: int
+    ) -> str:
+        """Accept a write; return a job id. Quick: the write itself is async.
+
+        Idempotent on ``idempotency_key`` (a replay returns the same job id).
+        Raises RelayerUnavailable (nothing accepted) or QuotaExceeded.
+        """
+        ...
+
+    def poll(self, job_id: str) -> JobStatus:
+        """Where the write stands. May do the work itself (SelfRelayer)."""
+        ...
+
+    def read(self, account_id: str, blob_id: str) -> str:
+        """Decrypted content; NotFound if gone."""
+        ...
+
+    def search(
+        self, account_id: str, namespace: str | None, query: str, limit: int
+    ) -> list[SearchHit]: ...
+
+    def list_contents(
+        self, account_id: str, namespace: str | None, blob_ids: Iterable[str]
+    ) -> list[ListedContent] | None:
+        """Contents for these blobs, or None if the backend cannot list content."""
+        ...
+
+
+@dataclass(slots=True)
+class Faults:
+    """Test hooks for injecting failures into local implementations."""
+
+    fail_next_writes: int = 0
+    unreachable: bool = False
+    extra_latency_ms: int = 0
+    fail_next_extends: int = 0
+    notes: list[str] = field(default_factory=list)
