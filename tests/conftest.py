@@ -157,3 +157,31 @@ def db(db_url: str, clock: ManualClock) -> Iterator[Database]:
     database = Database(db_url, clock=clock)
     yield database
     database.dispose()
+
+
+# --- a whole Walkeep runtime on the local network ----------------------------------------
+
+TEST_MASTER_KEY = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="  # fixed: tests only
+
+
+@pytest.fixture
+def settings(tmp_path: Path, db_url: str):  # type: ignore[no-untyped-def]
+    from walkeep.config import Settings
+
+    return Settings(
+        data_dir=tmp_path / "data",
+        database_url=db_url,
+        local_write_latency_ms=0,
+        master_key=TEST_MASTER_KEY,
+        public_url="http://127.0.0.1:8080",
+    )
+
+
+@pytest.fixture
+def rt(settings, clock: ManualClock, db: Database):  # type: ignore[no-untyped-def]
+    """A Runtime with the real local backends, a ManualClock and no background threads:
+    tests drive completion and jobs explicitly."""
+    from walkeep.bootstrap import build_runtime
+
+    runtime = build_runtime(settings, clock=clock, database=db, with_completer=False)
+    yield runtime

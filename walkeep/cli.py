@@ -191,6 +191,154 @@ def balance(
     )
 
 
+# --- serving ---------------------------------------------------------------------------
+
+
+def _serve_settings(host: str, port: int) -> Settings:
+    settings = _settings()
+    if "public_url" not in settings.model_fields_set:
+        shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+        settings.public_url = f"http://{shown}:{port}"
+    return settings
+
+
+def first_run(settings: Settings, db: Database) -> None:
+    """On an empty database: a `default` account with promo credits, its key saved
+    (mode 0600) and printed with ready-to-paste MCP client configs."""
+    from walkeep.mcp.stdio import credentials_path
+    from walkeep.onboarding import client_configs, write_credentials
+
+    if accounts.find_account_by_name(db, "default") is not None or _has_accounts(db):
+        return
+    promo = ledger.usd_to_mc(settings.promo_credits_usd)
+    created = accounts.create_account(
+        db, "default", credits_mc=promo, grant_reason="promo credits (early access)"
+    )
+    mcp_url = settings.public_url.rstrip("/") + "/mcp"
+    path = credentials_path(settings)
+    write_credentials(path, created.api_key, created.account_id, mcp_url)
+    typer.echo(
+        f"\nCreated account 'default' ({created.account_id}) with "
+        f"{ledger.credits_display(promo)} promo credits.\n"
+        f"API key (saved to {path}, mode 0600): {created.api_key}\n"
+        f"MCP endpoint: {mcp_url}\n",
+        err=True,
+    )
+    typer.echo(client_configs(mcp_url, created.api_key), err=True)
+
+
+def _has_accounts(db: Database) -> bool:
+    from sqlalchemy import select
+
+    from walkeep.db.models import Account
+
+    with db.read() as s:
+        return s.scalar(select(Account.id).limit(1)) is not None
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port.")] = 8080,
+    no_worker: Annotated[
+        bool, typer.Option("--no-worker", help="Don't run the scheduler in this process.")
+    ] = False,
+) -> None:
+    """Serve MCP (/mcp) and REST (/v1); run the worker in-process unless --no-worker."""
+    import uvicorn
+
+    from walkeep import logs
+    from walkeep.api.app import create_app
+    from walkeep.bootstrap import build_runtime
+
+    logs.setup("INFO")
+    settings = _serve_settings(host, port)
+    db = open_db(settings)
+    first_run(settings, db)
+    db.dispose()
+    rt = build_runtime(settings)
+    scheduler = None
+    lock = None
+    if not no_worker:
+        from worker.jobs import acquire_worker_lock, build_scheduler
+
+        try:
+            lock = acquire_worker_lock(rt)
+            scheduler = build_scheduler(rt, blocking=False)
+        except ConfigurationError as exc:
+            typer.echo(f"walkeep: not running the worker in-process: {exc}", err=True)
+
+    def on_stop() -> None:
+        rt.extras.setdefault("stop", __import__("threading").Event()).set()
+        if scheduler is not None:
+            scheduler.shutdown(wait=True)
+        if lock is not None:
+            lock.release()
+
+    application = create_app(rt, on_start=scheduler.start if scheduler else None, on_stop=on_stop)
+    typer.echo(
+        f"Walkeep {rt.chain.network}/{rt.relayer.name} on http://{host}:{port} "
+        f"(MCP {settings.public_url.rstrip('/')}/mcp, docs /docs)",
+        err=True,
+    )
+    uvicorn.run(application, host=host, port=port, log_level="warning")
+
+
+@app.command("mcp")
+def mcp_stdio(
+    api_key: Annotated[
+        str | None,
+        typer.Option("--api-key", help="Default: $WALKEEP_API_KEY or the credentials file."),
+    ] = None,
+    namespace: Annotated[
+        str | None,
+        typer.Option("--namespace", "--ns", help="Default namespace for calls that omit one."),
+    ] = None,
+) -> None:
+    """Serve MCP over stdio (for hosts that launch a command)."""
+    from walkeep.mcp.stdio import run_stdio
+
+    run_stdio(_settings(), api_key=api_key, namespace=namespace)
+
+
+@app.command()
+def worker() -> None:
+    """Run the background jobs (renewal, completion, sweep, reconciliation)."""
+    from walkeep import logs
+    from walkeep.bootstrap import build_runtime
+    from worker.run import run_forever
+
+    logs.setup("INFO")
+    settings = _settings()
+    open_db(settings).dispose()
+    run_forever(build_runtime(settings, with_completer=False))
+
+
+@app.command()
+def devnet(
+    host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port.")] = 31415,
+) -> None:
+    """Serve the local network in Walrus's publisher/aggregator HTTP format (local only)."""
+    from walkeep.backends.localnet.devnet import serve_devnet
+    from walkeep.backends.localnet.engine import LocalNetwork
+    from walkeep.clock import SystemClock
+
+    settings = _settings()
+    network = LocalNetwork(
+        settings.localnet_dir,
+        SystemClock(),
+        epoch_seconds=settings.local_epoch_seconds,
+        storage_price_frost=settings.local_storage_price_frost,
+    )
+    typer.echo(
+        f"walkeep devnet: Walrus publisher+aggregator API on http://{host}:{port} "
+        f"(state in {settings.localnet_dir}; LOCAL network, not Walrus)",
+        err=True,
+    )
+    serve_devnet(network, host=host, port=port)
+
+
 def _resolve_account(db: Database, ref: str) -> str:
     if ref.startswith("acct_"):
         return ref

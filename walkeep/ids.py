@@ -28,6 +28,10 @@ def new_key_id() -> str:
     return "key_" + _token(20)
 
 
+def new_job_id() -> str:
+    return "job_" + _token(26)
+
+
 def new_checkout_id() -> str:
     return "tu_" + _token(24)
 

@@ -1,11 +1,44 @@
-"""Start the worker's scheduler (jobs are registered in ``worker.jobs``)."""
+"""``python -m worker`` / ``walkeep worker``: the scheduler in the foreground.
+
+SIGTERM/SIGINT stop scheduling new runs and wait for the jobs in hand; the
+renewal and completion loops check the stop flag between batches, so the
+batch being submitted is always recorded before exit.
+"""
 
 from __future__ import annotations
 
-import sys
+import signal
+import threading
+from types import FrameType
+
+from walkeep.service.runtime import Runtime
+from worker.jobs import acquire_worker_lock, build_scheduler, log
+
+
+def run_forever(rt: Runtime) -> None:
+    lock = acquire_worker_lock(rt)
+    stop: threading.Event = rt.extras.setdefault("stop", threading.Event())
+    sched = build_scheduler(rt, blocking=True)
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("stopping: finishing the jobs in hand", extra={"signal": signum})
+        stop.set()
+        threading.Thread(target=lambda: sched.shutdown(wait=True), daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    log.info("worker started", extra={"jobs": [j.id for j in sched.get_jobs()]})
+    try:
+        sched.start()
+    finally:
+        if lock is not None:
+            lock.release()
+        log.info("worker stopped")
 
 
 def main() -> None:
+    import sys
+
     from walkeep.cli import main as cli_main
 
     cli_main(["worker", *sys.argv[1:]])

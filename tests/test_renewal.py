@@ -1,0 +1,371 @@
+"""The worker's promise: nothing lapses silently, nothing is paid or billed twice."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import func, select
+
+from tests.conftest import ON_PG
+from tests.helpers import account, epoch_seconds, land_all
+from walkeep import ledger, pricing
+from walkeep.db.models import Account, Blob, LedgerEntry, Memory, Renewal, RenewalItem
+from walkeep.errors import ConfigurationError
+from walkeep.lifecycle import BlobStatus, MemoryStatus
+from walkeep.service import accounts, renew, runway, store
+from walkeep.service.renew import CrashForTest
+from walkeep.service.runtime import Runtime
+
+
+def _store(rt: Runtime, a: str, content: str, rid: str) -> str:
+    mid = store.store(rt, a, content=content, request_id=rid).memory_id
+    land_all(rt)
+    return mid
+
+
+def _advance_epochs(rt: Runtime, clock, n: int) -> None:  # type: ignore[no-untyped-def]
+    clock.advance(epoch_seconds(rt) * n)
+
+
+def _view(rt: Runtime, a: str, mid: str):  # type: ignore[no-untyped-def]
+    return runway.check_runway(rt, a, mid).memories[0]
+
+
+def _renewal_price(rt: Runtime, storage_size: int, k: int) -> int:
+    return pricing.renewal_cost_mc(storage_size, k, rt.settings.renewal_price_mc_per_unit_epoch)
+
+
+def test_renews_early_at_the_threshold_and_bills_once(rt: Runtime, clock) -> None:  # type: ignore[no-untyped-def]
+    a = account(rt, credits=10)
+    mid = _store(rt, a, "Renew me early.", "r1")
+    start = _view(rt, a, mid)
+    assert start.runway_epochs == 5 and start.next_renewal_epoch == start.end_epoch - 2
+
+    _advance_epochs(rt, clock, 2)  # runway 3: not yet due
+    assert renew.renew(rt).transactions == 0
+    _advance_epochs(rt, clock, 1)  # runway 2 == threshold: due now, not at the last epoch
+    with rt.db.read() as s:
+        before = ledger.balance(s, a)
+        storage_size = s.scalar(select(Blob.storage_size))
+    report = renew.renew(rt)
+    assert report.transactions == 1 and report.blobs_renewed == 1
+
+    v = _view(rt, a, mid)
+    assert v.renewals_performed == 1
+    assert v.end_epoch == start.end_epoch + 3 and v.runway_epochs == 5
+    assert (
+        v.last_renewal_tx and v.last_renewal_url and v.last_renewal_url.endswith(v.last_renewal_tx)
+    )
+    tx = rt.chain.get_transaction(v.last_renewal_tx)
+    assert tx is not None and tx.success
+    assert [(e.old_end_epoch, e.new_end_epoch) for e in tx.extensions] == [
+        (start.end_epoch, v.end_epoch)
+    ]
+    # The chain agrees with the registry.
+    obj = rt.chain.get_blob(runway_blob_object(rt, mid))
+    assert obj is not None and obj.end_epoch == v.end_epoch
+    # Debited the renewal price exactly once.
+    price = _renewal_price(rt, storage_size, 3)
+    with rt.db.read() as s:
+        after = ledger.balance(s, a)
+        assert ledger.recompute(s, a) == after
+    assert before.balance_mc - after.balance_mc == price and after.held_mc == 0
+    assert renew.renew(rt).transactions == 0  # nothing due any more
+
+
+def runway_blob_object(rt: Runtime, mid: str) -> str:
+    with rt.db.read() as s:
+        return s.scalar(
+            select(Blob.blob_object_id)
+            .join(Memory, Memory.blob_pk == Blob.id)
+            .where(Memory.id == mid)
+        )  # type: ignore[return-value]
+
+
+def test_out_of_credits_pauses_then_a_top_up_resumes_without_anyone_acting(
+    rt: Runtime, clock
+) -> None:  # type: ignore[no-untyped-def]
+    a = account(rt, credits=1)
+    mid = _store(rt, a, "Keep me if you can.", "r1")  # spends the only credit
+    _advance_epochs(rt, clock, 3)
+    report = renew.renew(rt)
+    assert report.transactions == 0 and report.paused_memories == 1
+    v = _view(rt, a, mid)
+    assert v.status == "paused" and v.runway_epochs == 2
+    _advance_epochs(rt, clock, 1)
+    assert _view(rt, a, mid).runway_epochs == 1  # paid runway keeps counting down, visibly
+    summary = runway.check_runway(rt, a).account
+    assert summary is not None and summary.paused == 1
+
+    accounts.grant(rt.db, a, 100_000, reason="operator top-up")  # credit → resume
+    assert _view(rt, a, mid).status == "active"
+    assert renew.renew(rt).transactions == 1
+    v = _view(rt, a, mid)
+    assert v.status == "active" and v.renewals_performed == 1 and v.runway_epochs == 5
+
+
+def test_resume_happens_in_the_renew_pass_too(rt: Runtime, clock) -> None:  # type: ignore[no-untyped-def]
+    a = account(rt, credits=1)
+    mid = _store(rt, a, "paused then funded", "r1")
+    _advance_epochs(rt, clock, 3)
+    renew.renew(rt)
+    assert _view(rt, a, mid).status == "paused"
+    # Credit arrives by a path that doesn't resume (e.g. a direct ledger credit).
+    with rt.db.begin() as s:
+        ledger.credit(s, a, 50_000, ref="manual-adjustment", kind=ledger.Kind.ADJUSTMENT)
+    report = renew.renew(rt)
+    assert report.resumed_memories == 1 and report.transactions == 1
+    assert _view(rt, a, mid).status == "active"
+
+
+def test_partial_funding_renews_what_it_can(rt: Runtime, clock) -> None:  # type: ignore[no-untyped-def]
+    a = account(rt, credits=5)
+    m1 = _store(rt, a, "first", "r1")
+    m2 = _store(rt, a, "second", "r2")
+    with rt.db.begin() as s:  # leave exactly one renewal's worth
+        size = s.scalar(select(Blob.storage_size).limit(1))
+        bal = ledger.balance(s, a).available_mc
+        ledger.debit(s, a, bal - _renewal_price(rt, size, 3), ref="drain")
+    _advance_epochs(rt, clock, 3)
+    report = renew.renew(rt)
+    assert report.blobs_renewed == 1 and report.paused_memories == 1
+    assert sorted([_view(rt, a, m1).status, _view(rt, a, m2).status]) == ["active", "paused"]
+    with rt.db.read() as s:
+        assert ledger.balance(s, a).available_mc == 0
+
+
+def test_forgotten_and_expired_blobs_are_never_renewed(rt: Runtime, clock) -> None:  # type: ignore[no-untyped-def]
+    from walkeep.service import forget
+
+    a = account(rt, credits=10)
+    mid = _store(rt, a, "forget me", "r1")
+    forget.forget(rt, a, memory_id=mid, request_id="f1")
+    _advance_epochs(rt, clock, 3)
+    assert renew.renew(rt).transactions == 0
+    _advance_epochs(rt, clock, 2)  # past end_epoch: lapsed
+    report = renew.sweep(rt)
+    assert report.expired_memories == 1 and report.expired_blobs == 1
+    assert _view(rt, a, mid).status == "expired"
+
+
+def test_crash_between_submit_and_record_is_reconciled_once(rt: Runtime, clock) -> None:  # type: ignore[no-untyped-def]
+    a = account(rt, credits=10)
+    mid = _store(rt, a, "crash test", "r1")
+    _advance_epochs(rt, clock, 3)
+    end0 = _view(rt, a, mid).end_epoch
+
+    def crash(_claim) -> None:  # type: ignore[no-untyped-def]
+        raise CrashForTest("process died after the chain accepted the transaction")
+
+    rt.extras["renew_hooks"] = {"after_submit": crash}
+    with pytest.raises(CrashForTest):
+        renew.renew(rt)
+    rt.extras["renew_hooks"] = {}
+    # The chain applied it; the registry doesn't know yet; the hold is still open.
+    obj = rt.chain.get_blob(runway_blob_object(rt, mid))
+    assert obj is not None and obj.end_epoch == end0 + 3
+    assert _view(rt, a, mid).renewals_performed == 0
+    assert (
+        renew.renew(rt).transactions == 0
+    )  # the blob is leased by the intent: no second extension
+
+    assert renew.reconcile_renewals(rt).confirmed == 0  # still within the grace period
+    clock.advance(renew.INTENT_GRACE_SECONDS + 1)
+    assert renew.reconcile_renewals(rt).confirmed == 1
+    assert renew.reconcile_renewals(rt).confirmed == 0  # exactly once
+    v = _view(rt, a, mid)
+    assert v.renewals_performed == 1 and v.end_epoch == end0 + 3
+    assert rt.chain.get_blob(runway_blob_object(rt, mid)).end_epoch == end0 + 3  # type: ignore[union-attr]
+    with rt.db.read() as s:
+        captures = s.scalar(
+            select(func.count())
+            .select_from(LedgerEntry)
+            .where(LedgerEntry.ref.like("renewal:%:capture"))
+        )
+        assert captures == 1
+        assert ledger.balance(s, a).held_mc == 0
+        assert ledger.recompute(s, a) == ledger.balance(s, a)
+
+
+def test_crash_before_submit_releases_and_renews_later(rt: Runtime, clock) -> None:  # type: ignore[no-untyped-def]
+    a = account(rt, credits=10)
+    mid = _store(rt, a, "crash before submit", "r1")
+    _advance_epochs(rt, clock, 3)
+    end0 = _view(rt, a, mid).end_epoch
+    with rt.db.read() as s:
+        bal0 = ledger.balance(s, a)
+
+    def crash(_claim) -> None:  # type: ignore[no-untyped-def]
+        raise CrashForTest("process died before submitting")
+
+    rt.extras["renew_hooks"] = {"before_submit": crash}
+    with pytest.raises(CrashForTest):
+        renew.renew(rt)
+    rt.extras["renew_hooks"] = {}
+    clock.advance(renew.INTENT_GRACE_SECONDS + 1)
+    rep = renew.reconcile_renewals(rt)
+    assert rep.abandoned == 1 and rep.confirmed == 0
+    with rt.db.read() as s:
+        assert ledger.balance(s, a) == bal0  # never billed for an extension that didn't happen
+    assert rt.chain.get_blob(runway_blob_object(rt, mid)).end_epoch == end0  # type: ignore[union-attr]
+    assert renew.renew(rt).transactions == 1
+    assert _view(rt, a, mid).end_epoch == end0 + 3
+
+
+def test_a_refused_transaction_releases_holds_and_backs_off(rt: Runtime, clock) -> None:  # type: ignore[no-untyped-def]
+    a = account(rt, credits=10)
+    mid = _store(rt, a, "refused once", "r1")
+    _advance_epochs(rt, clock, 3)
+    with rt.db.read() as s:
+        bal0 = ledger.balance(s, a)
+    rt.extras["faults"].fail_next_extends = 1
+    report = renew.renew(rt)
+    assert report.failed_transactions == 1 and report.transactions == 0
+    with rt.db.read() as s:
+        assert ledger.balance(s, a) == bal0
+        assert s.scalar(select(Renewal.status)) == "failed"
+    assert renew.renew(rt).transactions == 0  # backing off
+    clock.advance(3600)
+    assert renew.renew(rt).transactions == 1
+    assert _view(rt, a, mid).renewals_performed == 1
+
+
+def test_stale_holds_are_released_and_reported(rt: Runtime, clock) -> None:  # type: ignore[no-untyped-def]
+    a = account(rt, credits=10)
+    with rt.db.begin() as s:
+        ledger.hold(s, a, 500, ref="store:mem_ghost:1")  # a hold whose store vanished
+    clock.advance(rt.settings.stale_hold_seconds + 1)
+    report = renew.sweep(rt)
+    assert report.stale_holds_released == 1 and report.stale_hold_refs == ["store:mem_ghost:1"]
+    with rt.db.read() as s:
+        assert ledger.balance(s, a).held_mc == 0
+
+
+def _seed_due_blobs(rt: Runtime, n: int, accounts_n: int = 5, credits: int = 10_000) -> list[str]:
+    """n live blobs on the local chain (end_epoch = current + 2) each held by one active
+    memory, registered directly — this tests renewal, not the store path."""
+    network = rt.extras["localnet"]
+    owner = rt.chain.owner_address()
+    now = rt.clock.now()
+    accts = [account(rt, credits=credits) for _ in range(accounts_n)]
+    with rt.db.begin() as s:
+        for i in range(n):
+            stored = network.store_blob(f"seed blob {i}".encode(), epochs=2, owner=owner)
+            obj = stored.blob
+            a = accts[i % accounts_n]
+            blob = Blob(
+                account_id=a,
+                blob_id=obj.blob_id,
+                blob_object_id=obj.blob_object_id,
+                size_bytes=obj.size,
+                storage_size=obj.storage_size,
+                registered_epoch=obj.registered_epoch,
+                end_epoch=obj.end_epoch,
+                status=BlobStatus.LIVE,
+                created_at=now,
+                updated_at=now,
+            )
+            s.add(blob)
+            s.flush()
+            s.add(
+                Memory(
+                    id=f"mem_seed{i:06d}",
+                    account_id=a,
+                    namespace="default",
+                    metadata_={},
+                    size_bytes=obj.size,
+                    content_hash=f"{i:064d}",
+                    status=MemoryStatus.ACTIVE,
+                    blob_pk=blob.id,
+                    cost_mc=1000,
+                    accepted_at=now,
+                    deadline_at=now + timedelta(hours=1),
+                    stored_at=now,
+                    status_changed_at=now,
+                )
+            )
+    return accts
+
+
+@pytest.mark.postgres
+def test_two_workers_on_postgres_renew_each_blob_exactly_once(
+    rt: Runtime, settings, clock, db_url
+) -> None:  # type: ignore[no-untyped-def]
+    from walkeep.bootstrap import build_runtime
+    from walkeep.db import Database
+
+    rt.settings.renew_batch = 50
+    accts = _seed_due_blobs(rt, 1000)
+    other = build_runtime(
+        settings, clock=clock, database=Database(db_url, clock=clock), with_completer=False
+    )
+    reports: list[renew.RenewReport] = []
+    barrier = threading.Barrier(2)
+
+    def work(r: Runtime, name: str) -> None:
+        barrier.wait()
+        reports.append(renew.renew(r, worker=name))
+
+    threads = [threading.Thread(target=work, args=(x, f"w{i}")) for i, x in enumerate((rt, other))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(r.transactions > 0 for r in reports), "both workers took part"
+    total_blobs = sum(r.blobs_renewed for r in reports)
+    total_txs = sum(r.transactions for r in reports)
+    assert total_blobs == 1000
+    assert 20 <= total_txs <= 22  # ceil(1000 / 50), give or take a short batch each
+
+    with rt.db.read() as s:
+        per_blob = list(
+            s.execute(select(RenewalItem.blob_pk, func.count()).group_by(RenewalItem.blob_pk))
+        )
+        assert len(per_blob) == 1000 and {c for _, c in per_blob} == {1}
+        assert s.scalar(select(func.min(Blob.renewals_performed))) == 1
+        assert s.scalar(select(func.max(Blob.renewals_performed))) == 1
+        captured = (
+            s.scalar(select(func.sum(LedgerEntry.amount_mc)).where(LedgerEntry.kind == "capture"))
+            or 0
+        )
+        billed = s.scalar(select(func.sum(Renewal.cost_mc)).where(Renewal.status == "confirmed"))
+        digests = list(s.scalars(select(Renewal.digest).where(Renewal.status == "confirmed")))
+        for a in accts:
+            assert ledger.recompute(s, a) == ledger.balance(s, a)
+        assert s.scalar(select(func.sum(Account.held_mc))) == 0
+    # Ledger totals match the chain's effects.
+    chain_blobs = 0
+    chain_priced = 0
+    for d in digests:
+        tx = rt.chain.get_transaction(d)
+        assert tx is not None and tx.success
+        chain_blobs += len(tx.extensions)
+        for e in tx.extensions:
+            assert e.new_end_epoch - e.old_end_epoch == 3
+            obj = rt.chain.get_blob(e.blob_object_id)
+            assert obj is not None
+            chain_priced += _renewal_price(rt, obj.storage_size, e.epochs)
+    assert chain_blobs == 1000
+    assert captured == billed == chain_priced
+
+
+def test_sqlite_refuses_a_second_worker(rt: Runtime) -> None:
+    from worker.jobs import acquire_worker_lock
+
+    if ON_PG:
+        # PostgreSQL needs no process lock: workers claim rows with SKIP LOCKED.
+        assert acquire_worker_lock(rt) is None
+        return
+
+    first = acquire_worker_lock(rt)
+    assert first is not None
+    try:
+        with pytest.raises(ConfigurationError, match="another Walkeep worker is already running"):
+            acquire_worker_lock(rt)
+    finally:
+        first.release()
+    again = acquire_worker_lock(rt)
+    assert again is not None
+    again.release()

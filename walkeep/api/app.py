@@ -1,0 +1,233 @@
+"""The web process: MCP at ``/mcp``, REST at ``/v1``, health, metrics, pages.
+
+``create_app(rt)`` is pure wiring. Background work (the in-process completer
+and, unless ``--no-worker``, the scheduler) starts and stops with the app's
+lifespan so tests and ``walkeep serve`` behave the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import logging
+from collections.abc import AsyncIterator, Callable
+from urllib.parse import urlsplit
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from mcp.server.transport_security import TransportSecuritySettings
+from prometheus_client import generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from sqlalchemy import func, select
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Route
+
+from walkeep import __version__, metrics
+from walkeep.api.auth import WWW_AUTHENTICATE, BearerAccountMiddleware, KeyCache
+from walkeep.api.rest import router as rest_router
+from walkeep.db.models import Memory
+from walkeep.errors import Internal, Unauthorized, ValidationError, WalkeepError
+from walkeep.lifecycle import MemoryStatus
+from walkeep.mcp.server import build_mcp
+from walkeep.service.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+
+def transport_security(rt: Runtime) -> TransportSecuritySettings:
+    """Host/Origin allow-list for DNS-rebinding protection on /mcp."""
+    hosts = {"127.0.0.1:*", "localhost:*", "[::1]:*", "127.0.0.1", "localhost"}
+    origins = {"http://127.0.0.1:*", "http://localhost:*"}
+    public = urlsplit(rt.settings.public_url)
+    if public.hostname:
+        hosts.update({public.netloc, f"{public.hostname}:*", public.hostname})
+        origins.add(f"{public.scheme}://{public.netloc}")
+    for h in rt.settings.allowed_hosts:
+        hosts.update({h, f"{h}:*"} if ":" not in h else {h})
+        origins.update({f"https://{h}", f"http://{h}"})
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=sorted(hosts),
+        allowed_origins=sorted(origins),
+    )
+
+
+def create_app(
+    rt: Runtime,
+    *,
+    on_start: Callable[[], None] | None = None,
+    on_stop: Callable[[], None] | None = None,
+) -> FastAPI:
+    mcp = build_mcp(lambda: rt, transport="http")
+    mcp_asgi = mcp.streamable_http_app(
+        streamable_http_path="/mcp",
+        stateless_http=True,
+        json_response=True,
+        transport_security=transport_security(rt),
+        max_request_body_size=max(4 * 2**20, rt.settings.max_memory_bytes * 8),
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        if rt.completer is not None:
+            rt.completer.start()
+        if on_start is not None:
+            await anyio.to_thread.run_sync(on_start)
+        async with mcp.session_manager.run():
+            try:
+                yield
+            finally:
+                if on_stop is not None:
+                    await anyio.to_thread.run_sync(on_stop)
+                if rt.completer is not None:
+                    await anyio.to_thread.run_sync(rt.completer.stop)
+
+    app = FastAPI(
+        title="Walkeep",
+        version=__version__,
+        description="Durable, prepaid, auto-renewed memory for AI agents on Walrus. "
+        "The MCP endpoint is /mcp; this REST mirror calls the same service functions.",
+        lifespan=lifespan,
+    )
+    app.state.runtime = rt
+    app.state.keys = KeyCache(rt)
+    app.state.mcp = mcp
+    _install_error_handlers(app)
+    app.include_router(rest_router)
+    _install_ops_routes(app, rt)
+    _install_optional_routers(app, rt)
+    app.router.routes.append(
+        Route(
+            "/mcp",
+            endpoint=BearerAccountMiddleware(mcp_asgi, app.state.keys),
+            methods=["GET", "POST", "DELETE"],
+        )
+    )
+    return app
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(WalkeepError)
+    async def walkeep_error(_req: Request, exc: WalkeepError) -> JSONResponse:
+        headers = {"WWW-Authenticate": WWW_AUTHENTICATE} if isinstance(exc, Unauthorized) else None
+        return JSONResponse(exc.body(), status_code=exc.http_status, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_req: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {
+                "loc": ".".join(str(p) for p in e.get("loc", ())),
+                "msg": e.get("msg"),
+                "type": e.get("type"),
+            }
+            for e in exc.errors()
+        ]
+        err = ValidationError("invalid request", {"errors": errors})
+        return JSONResponse(err.body(), status_code=err.http_status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {401: "UNAUTHORIZED", 404: "NOT_FOUND", 405: "VALIDATION_ERROR"}.get(
+            exc.status_code, "VALIDATION_ERROR" if exc.status_code < 500 else "INTERNAL"
+        )
+        return JSONResponse(
+            {"code": code, "message": str(exc.detail), "data": {}}, status_code=exc.status_code
+        )
+
+    @app.exception_handler(Exception)
+    async def crash(_req: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error", exc_info=exc)
+        err = Internal("internal error; it was logged")
+        return JSONResponse(err.body(), status_code=500)
+
+
+def _install_ops_routes(app: FastAPI, rt: Runtime) -> None:
+    @app.get("/healthz", tags=["ops"], summary="Liveness")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok", "version": __version__}
+
+    @app.get("/readyz", tags=["ops"], summary="Readiness: database, backend, chain, embedder")
+    async def readyz() -> JSONResponse:
+        report = await anyio.to_thread.run_sync(readiness, rt)
+        return JSONResponse(report, status_code=200 if report["ready"] else 503)
+
+    @app.get("/metrics", tags=["ops"], summary="Prometheus metrics")
+    async def metrics_route() -> Response:
+        if rt.completer is not None:
+            metrics.WRITES_IN_FLIGHT.set(rt.completer.pending())
+        return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def home() -> str:
+        base = html.escape(rt.settings.public_url.rstrip("/"))
+        return f"""<!doctype html><html><head><meta charset="utf-8"><title>Walkeep</title>
+<style>body{{font-family:system-ui,sans-serif;max-width:46rem;margin:3rem auto;line-height:1.5}}
+code{{background:#f3f3f3;padding:.1rem .3rem}}</style></head><body>
+<h1>Walkeep {html.escape(__version__)}</h1>
+<p>Durable, prepaid memory for AI agents on Walrus. Network: <b>{html.escape(rt.chain.network)}</b>,
+storage: <b>{html.escape(rt.relayer.name)}</b>, payments: <b>{html.escape(rt.payments.provider)}</b>.</p>
+<ul><li>MCP endpoint: <code>{base}/mcp</code> (Authorization: Bearer wk_live_…)</li>
+<li>REST mirror and OpenAPI: <a href="/docs">/docs</a></li>
+<li>Readiness: <a href="/readyz">/readyz</a> · Metrics: <a href="/metrics">/metrics</a></li></ul>
+</body></html>"""
+
+
+def readiness(rt: Runtime) -> dict[str, object]:
+    checks: dict[str, dict[str, object]] = {}
+    try:
+        rt.db.ping()
+        with rt.db.read() as s:
+            storing = s.scalar(
+                select(func.count())
+                .select_from(Memory)
+                .where(Memory.status == MemoryStatus.STORING)
+            )
+        checks["database"] = {"ok": True, "dialect": rt.db.dialect, "writes_in_flight": storing}
+    except Exception as exc:
+        checks["database"] = {"ok": False, "error": str(exc).splitlines()[0]}
+    try:
+        h = rt.relayer.health()
+        checks["backend"] = {
+            "ok": h.ok,
+            "name": rt.relayer.name,
+            "writes": h.writes,
+            "detail": h.detail,
+        }
+    except Exception as exc:
+        checks["backend"] = {
+            "ok": False,
+            "name": rt.relayer.name,
+            "writes": "paused",
+            "error": str(exc),
+        }
+    try:
+        checks["chain"] = {
+            "ok": True,
+            "network": rt.chain.network,
+            "epoch": rt.chain.current_epoch(),
+        }
+    except Exception as exc:
+        checks["chain"] = {"ok": False, "network": rt.chain.network, "error": str(exc)}
+    embedder = rt.extras.get("embedder")
+    checks["embedder"] = {
+        "ok": True,
+        "model": getattr(embedder, "model_id", None) if embedder is not None else "relayer-side",
+    }
+    backend = checks["backend"]
+    writes = backend.get("writes", "paused") if backend.get("ok") else "paused"
+    ready = bool(checks["database"]["ok"] and checks["chain"]["ok"])
+    return {"ready": ready, "writes": writes, "checks": checks}
+
+
+def _install_optional_routers(app: FastAPI, rt: Runtime) -> None:
+    """Payments pages/webhooks always; the local explorer when on the local network."""
+    from walkeep.api.payments import router as payments_router
+
+    app.include_router(payments_router)
+    network = rt.extras.get("localnet")
+    if network is not None:
+        from walkeep.backends.localnet.explorer import make_explorer_router
+
+        app.include_router(make_explorer_router(lambda: network))

@@ -1,0 +1,203 @@
+"""The composition root: settings → a wired ``Runtime``.
+
+The only module that knows every adapter. It validates the configuration
+first and refuses to boot a wrong combination with a message that says what
+to set — never "starts, then fails every call".
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from walkeep.backends.base import Faults
+from walkeep.clock import Clock, SystemClock
+from walkeep.config import Settings
+from walkeep.db import Database
+from walkeep.errors import ConfigurationError
+from walkeep.service.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ConfigProblem:
+    setting: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.setting}: {self.message}"
+
+
+def check_config(settings: Settings) -> list[ConfigProblem]:
+    """Every reason this configuration cannot run, each naming what to set."""
+    p: list[ConfigProblem] = []
+    net, relayer = settings.network, settings.relayer
+    if net == "local" and relayer == "memwal":
+        p.append(
+            ConfigProblem(
+                "WALKEEP_NETWORK",
+                "the memwal relayer stores on a real Walrus network; set WALKEEP_NETWORK=testnet or mainnet",
+            )
+        )
+    if net != "local" and relayer == "local":
+        p.append(
+            ConfigProblem(
+                "WALKEEP_RELAYER",
+                f"the local blob store cannot hold blobs for {net}; set WALKEEP_RELAYER=walrus (or memwal)",
+            )
+        )
+    if relayer == "walrus":
+        if not settings.walrus_publisher_url:
+            p.append(
+                ConfigProblem(
+                    "WALKEEP_WALRUS_PUBLISHER_URL", "required with WALKEEP_RELAYER=walrus"
+                )
+            )
+        if not settings.walrus_aggregator_url:
+            p.append(
+                ConfigProblem(
+                    "WALKEEP_WALRUS_AGGREGATOR_URL", "required with WALKEEP_RELAYER=walrus"
+                )
+            )
+    if relayer == "memwal":
+        for name, value in (
+            ("WALKEEP_MEMWAL_URL", settings.memwal_url),
+            ("WALKEEP_MEMWAL_DELEGATE_KEY", settings.memwal_delegate_key),
+            ("WALKEEP_MEMWAL_ACCOUNT_ID", settings.memwal_account_id),
+        ):
+            if not value:
+                p.append(ConfigProblem(name, "required with WALKEEP_RELAYER=memwal"))
+        if settings.memwal_delegate_key:
+            key = settings.memwal_delegate_key.removeprefix("0x")
+            if len(key) != 64 or any(c not in "0123456789abcdefABCDEF" for c in key):
+                p.append(
+                    ConfigProblem(
+                        "WALKEEP_MEMWAL_DELEGATE_KEY", "must be a 32-byte Ed25519 seed in hex"
+                    )
+                )
+    if net != "local" and not settings.sui_private_key:
+        p.append(
+            ConfigProblem(
+                "WALKEEP_SUI_PRIVATE_KEY",
+                f"renewing on {net} needs the server wallet's key (suiprivkey1…); it must hold WAL and SUI",
+            )
+        )
+    if settings.stripe_secret_key and not settings.stripe_webhook_secret:
+        p.append(
+            ConfigProblem(
+                "STRIPE_WEBHOOK_SECRET",
+                "required with STRIPE_SECRET_KEY (whsec_… of the endpoint <public url>/webhooks/stripe)",
+            )
+        )
+    if settings.renew_threshold_epochs >= settings.target_runway_epochs:
+        p.append(
+            ConfigProblem(
+                "WALKEEP_TARGET_RUNWAY_EPOCHS",
+                "must be greater than WALKEEP_RENEW_THRESHOLD_EPOCHS, or renewals would add nothing",
+            )
+        )
+    return p
+
+
+def build_runtime(
+    settings: Settings,
+    *,
+    clock: Clock | None = None,
+    with_completer: bool = True,
+    database: Database | None = None,
+) -> Runtime:
+    problems = check_config(settings)
+    if problems:
+        raise ConfigurationError(
+            "configuration refused:\n  " + "\n  ".join(str(x) for x in problems)
+        )
+    clock = clock or SystemClock()
+    db = database or Database(settings.db_url, clock=clock)
+    extras: dict[str, object] = {}
+
+    # --- chain ----------------------------------------------------------------------
+    if settings.network == "local":
+        from walkeep.backends.localnet.chain import LocalChain
+        from walkeep.backends.localnet.engine import LocalNetwork
+
+        faults = Faults()
+        network = LocalNetwork(
+            settings.localnet_dir,
+            clock,
+            epoch_seconds=settings.local_epoch_seconds,
+            storage_price_frost=settings.local_storage_price_frost,
+            faults=faults,
+        )
+        chain = LocalChain(network, public_url=settings.public_url.rstrip("/"))
+        extras["localnet"] = network
+        extras["faults"] = faults
+    else:
+        from walkeep.backends.sui import SuiChain
+
+        chain = SuiChain(settings)
+
+    # --- relayer --------------------------------------------------------------------
+    if settings.relayer in ("local", "walrus"):
+        from walkeep.backends.self_relayer import SelfRelayer
+        from walkeep.crypto import Keyring, load_master_key
+        from walkeep.index.embedder import load_embedder
+        from walkeep.index.vectors import VectorIndex
+
+        if settings.relayer == "local":
+            from walkeep.backends.localnet.blobstore import LocalBlobStore
+
+            store = LocalBlobStore(extras["localnet"])  # type: ignore[arg-type]
+        else:
+            from walkeep.backends.walrus import WalrusBlobStore
+
+            store = WalrusBlobStore(
+                settings.walrus_publisher_url or "",
+                settings.walrus_aggregator_url or "",
+                jwt=settings.walrus_publisher_jwt,
+            )
+        embedder = load_embedder(settings)
+        extras["embedder"] = embedder
+        relayer = SelfRelayer(
+            db,
+            clock,
+            store,
+            Keyring(db, load_master_key(settings)),
+            VectorIndex(db, embedder),
+            chain.owner_address(),
+            latency_ms=settings.local_write_latency_ms if settings.relayer == "local" else 0,
+        )
+    else:
+        from walkeep.backends.memwal import MemWalRelayer
+
+        relayer = MemWalRelayer(
+            settings.memwal_url or "",
+            settings.memwal_delegate_key or "",
+            settings.memwal_account_id or "",
+            clock=clock,
+        )
+
+    # --- payments ---------------------------------------------------------------------
+    if settings.payments_provider == "stripe":
+        from walkeep.payments.stripe import StripePayments
+
+        payments = StripePayments(settings)
+    else:
+        from walkeep.payments.local import LocalPayments
+
+        payments = LocalPayments(db, settings)
+
+    rt = Runtime(
+        settings=settings,
+        db=db,
+        clock=clock,
+        chain=chain,
+        relayer=relayer,
+        payments=payments,
+        extras=extras,
+    )
+    if with_completer:
+        from walkeep.service.completion import Completer
+
+        rt.completer = Completer(rt)
+    return rt

@@ -1,0 +1,68 @@
+"""Prometheus metrics, one registry per process, served at ``/metrics``.
+
+Names are stable API for dashboards; add, don't rename.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+TOOL_CALLS = Counter(
+    "walkeep_tool_calls_total",
+    "Tool calls by tool, transport and outcome (ok or an error code).",
+    ["tool", "transport", "outcome"],
+    registry=REGISTRY,
+)
+TOOL_LATENCY = Histogram(
+    "walkeep_tool_latency_seconds",
+    "Tool call latency.",
+    ["tool", "transport"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+    registry=REGISTRY,
+)
+WRITES_IN_FLIGHT = Gauge(
+    "walkeep_writes_in_flight",
+    "Accepted stores not yet settled (this process's completer).",
+    registry=REGISTRY,
+)
+RENEWAL_TXS = Counter(
+    "walkeep_renewal_transactions_total",
+    "Renewal transactions by outcome.",
+    ["outcome"],
+    registry=REGISTRY,
+)
+RENEWED_BLOBS = Counter("walkeep_renewed_blobs_total", "Blobs extended.", registry=REGISTRY)
+BLOBS_PER_TX = Histogram(
+    "walkeep_renewal_blobs_per_transaction",
+    "Blobs per renewal transaction.",
+    buckets=(1, 5, 10, 25, 50, 100, 200, 500, 1000),
+    registry=REGISTRY,
+)
+RENEWAL_WAL_FROST = Counter(
+    "walkeep_renewal_wal_cost_frost_total",
+    "WAL (in FROST) the chain reported for renewals.",
+    registry=REGISTRY,
+)
+CREDITS_CAPTURED_MC = Counter(
+    "walkeep_credits_captured_millicredits_total",
+    "Millicredits captured, by reason.",
+    ["reason"],
+    registry=REGISTRY,
+)
+PAUSED_MEMORIES = Counter(
+    "walkeep_memories_paused_total",
+    "Memories paused for lack of credits.",
+    registry=REGISTRY,
+)
+ORPHANS = Counter("walkeep_orphan_blobs_total", "Blobs recorded as orphans.", registry=REGISTRY)
+JOB_DURATION = Histogram(
+    "walkeep_job_duration_seconds",
+    "Worker job run time.",
+    ["job"],
+    registry=REGISTRY,
+)
+JOB_RUNS = Counter(
+    "walkeep_job_runs_total", "Worker job runs by outcome.", ["job", "outcome"], registry=REGISTRY
+)

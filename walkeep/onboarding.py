@@ -1,0 +1,50 @@
+"""What a newcomer sees on first run: the saved key and MCP client configs to paste."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+def write_credentials(path: Path, api_key: str, account_id: str, mcp_url: str) -> None:
+    """Write the key with mode 0600 from the start (never world-readable, even briefly)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = json.dumps({"api_key": api_key, "account_id": account_id, "mcp_url": mcp_url}, indent=2)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data.encode() + b"\n")
+    finally:
+        os.close(fd)
+    os.chmod(path, 0o600)
+
+
+def client_configs(mcp_url: str, api_key: str) -> str:
+    http_json = json.dumps(
+        {
+            "mcpServers": {
+                "walkeep": {"url": mcp_url, "headers": {"Authorization": f"Bearer {api_key}"}}
+            }
+        },
+        indent=2,
+    )
+    stdio_json = json.dumps(
+        {
+            "mcpServers": {
+                "walkeep": {
+                    "command": "walkeep",
+                    "args": ["mcp"],
+                    "env": {"WALKEEP_API_KEY": api_key},
+                }
+            }
+        },
+        indent=2,
+    )
+    return (
+        "Claude Code:\n"
+        f'  claude mcp add --transport http walkeep {mcp_url} --header "Authorization: Bearer {api_key}"\n\n'
+        "Cursor (~/.cursor/mcp.json) / any Streamable-HTTP client:\n"
+        f"{http_json}\n\n"
+        "Claude Desktop or any host that launches a command (stdio):\n"
+        f"{stdio_json}\n"
+    )

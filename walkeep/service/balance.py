@@ -1,0 +1,76 @@
+"""``check_balance``: credits, and what they buy at current usage. Free."""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select
+
+from walkeep import ledger, lifecycle, pricing
+from walkeep.db.models import Blob, Memory
+from walkeep.lifecycle import BlobStatus, MemoryStatus
+from walkeep.service.runtime import Runtime
+from walkeep.service.schemas import BalanceResult
+from walkeep.service.views import human_duration
+
+# The size an "average memory" estimate assumes (a short fact is far below it).
+TYPICAL_MEMORY_BYTES = 1024
+
+
+def renewal_burn_mc_per_epoch(rt: Runtime, account_id: str) -> tuple[int, int | None]:
+    """(cost of renewing every kept blob for one epoch, their shortest runway)."""
+    current = rt.chain.current_epoch()
+    kept = (
+        select(Blob.id, Blob.storage_size, Blob.end_epoch)
+        .join(Memory, Memory.blob_pk == Blob.id)
+        .where(
+            Memory.account_id == account_id,
+            Memory.status.in_([MemoryStatus.ACTIVE, MemoryStatus.PAUSED]),
+            Blob.status == BlobStatus.LIVE,
+            Blob.end_epoch > current,
+        )
+        .distinct()
+    )
+    burn = 0
+    runways: list[int] = []
+    with rt.db.read() as s:
+        for _id, storage_size, end_epoch in s.execute(kept):
+            burn += pricing.renewal_cost_mc(
+                storage_size, 1, rt.settings.renewal_price_mc_per_unit_epoch
+            )
+            runways.append(lifecycle.runway(end_epoch, current))
+    return burn, (min(runways) if runways else None)
+
+
+def check_balance(rt: Runtime, account_id: str) -> BalanceResult:
+    with rt.db.read() as s:
+        bal = ledger.balance(s, account_id)
+        in_flight = (
+            s.scalar(
+                select(func.count())
+                .select_from(Memory)
+                .where(Memory.account_id == account_id, Memory.status == MemoryStatus.STORING)
+            )
+            or 0
+        )
+    available = bal.available_mc
+    per_store = pricing.store_cost_mc(TYPICAL_MEMORY_BYTES, rt.settings.store_price_mc_per_64kib)
+    est_memories = available // per_store if per_store > 0 else 0
+    burn, min_runway = renewal_burn_mc_per_epoch(rt, account_id)
+    epoch_seconds = rt.chain.epoch_info().duration_seconds
+    if burn == 0:
+        funded = (
+            "nothing to renew yet: no stored memories"
+            if not in_flight
+            else "nothing to renew yet: your first memories are still being written"
+        )
+    else:
+        epochs = available // burn + (min_runway or 0)
+        funded = (
+            f"{human_duration(epochs * epoch_seconds)} at current usage "
+            f"({available // burn} epochs of renewals funded on top of {min_runway or 0} already paid)"
+        )
+    return BalanceResult(
+        balance_credits=ledger.credits_display(available),
+        balance_usd=float(ledger.mc_to_usd_str(available)),
+        est_memories_remaining=int(est_memories),
+        est_runway_funded=funded,
+    )

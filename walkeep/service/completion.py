@@ -1,0 +1,369 @@
+"""Finishing accepted stores: capture + register once the write lands, release if it can't.
+
+``settle(rt, memory_id)`` is one idempotent, non-blocking step: it asks the
+relayer where the write stands and, if it has landed, captures the hold and
+registers the memory (and its blob) in ONE transaction; if it failed
+terminally (or missed its deadline) it releases the hold. Any number of
+callers may run it concurrently for the same memory — the conditional
+updates and the ledger's exactly-once refs make only one of them count.
+
+Two drivers call it:
+- the in-process ``Completer`` (started with the web process), right after
+  accept, polling with backoff until the memory settles;
+- the worker's ``complete_writes`` job, the safety net after a crash or
+  restart: every memory still ``storing`` (or stuck ``accepting``) is settled
+  from the database, so nothing accepted is ever stranded.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from enum import StrEnum
+
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+
+from walkeep import ledger, lifecycle
+from walkeep.backends.base import BlobObject, JobState, JobStatus
+from walkeep.db.models import Blob, Memory, Request
+from walkeep.errors import WalkeepError
+from walkeep.lifecycle import BlobStatus, MemoryStatus
+from walkeep.service.runtime import Runtime
+from walkeep.service.store import hold_ref, job_key
+
+log = logging.getLogger(__name__)
+
+
+class Outcome(StrEnum):
+    PENDING = "pending"
+    LANDED = "landed"
+    FAILED = "failed"
+    SETTLED = "settled"  # nothing to do: already settled by someone else
+
+
+def settle(rt: Runtime, memory_id: str) -> Outcome:
+    with rt.db.read() as s:
+        memory = s.get(Memory, memory_id)
+    if memory is None or memory.status != MemoryStatus.STORING or memory.job_id is None:
+        return Outcome.SETTLED
+    now = rt.clock.now()
+    try:
+        status = rt.relayer.poll(memory.job_id)
+    except WalkeepError as exc:
+        log.info("poll of %s for %s failed (%s); will retry", memory.job_id, memory_id, exc.message)
+        status = JobStatus(JobState.PENDING)
+    if status.state == JobState.LANDED and status.blob is not None:
+        return _register(rt, memory, status.blob)
+    if status.state == JobState.FAILED:
+        return _fail(rt, memory, status.error or "the write failed")
+    if now >= memory.deadline_at:
+        return _fail(rt, memory, "the write did not land before its deadline")
+    return Outcome.PENDING
+
+
+def _register(rt: Runtime, memory: Memory, blob: BlobObject) -> Outcome:
+    """Capture + register in one transaction (or record an orphan if we gave up)."""
+    now = rt.clock.now()
+    threshold = rt.settings.renew_threshold_epochs
+    with rt.db.begin() as s:
+        current = s.get(Memory, memory.id)
+        if current is None:
+            return Outcome.SETTLED
+        blob_pk = _upsert_blob(
+            s, memory.account_id, blob, now, threshold, live=current.status == MemoryStatus.STORING
+        )
+        if current.status != MemoryStatus.STORING or current.attempt != memory.attempt:
+            # We already gave up on this attempt (deadline): the blob is an
+            # orphan, never renewed; nothing is billed for it.
+            return Outcome.SETTLED
+        ledger.capture(
+            s, memory.account_id, hold_ref(memory.id, memory.attempt), memo=f"stored {memory.id}"
+        )
+        status = MemoryStatus.NO_RENEW if current.forgotten_at else MemoryStatus.ACTIVE
+        current.status = status
+        current.blob_pk = blob_pk
+        current.stored_at = now
+        current.status_changed_at = now
+        s.execute(
+            update(Request)
+            .where(Request.account_id == memory.account_id, Request.memory_id == memory.id)
+            .values(status="done", updated_at=now)
+        )
+    return Outcome.LANDED
+
+
+def _upsert_blob(s, account_id: str, obj: BlobObject, now, threshold: int, *, live: bool) -> int:  # type: ignore[no-untyped-def]
+    """The blob row for this landed object, reusing the account's existing live blob
+    with the same blob_id (identical content shares one renewal)."""
+    existing = s.scalar(select(Blob).where(Blob.blob_object_id == obj.blob_object_id))
+    if existing is not None:
+        return int(existing.id)
+    if live:
+        shared = s.scalar(
+            select(Blob)
+            .where(
+                Blob.account_id == account_id,
+                Blob.blob_id == obj.blob_id,
+                Blob.status == BlobStatus.LIVE,
+                Blob.end_epoch >= obj.end_epoch,
+            )
+            .order_by(Blob.end_epoch.desc())
+            .limit(1)
+        )
+    else:
+        shared = None
+    row = Blob(
+        account_id=account_id,
+        blob_id=obj.blob_id,
+        blob_object_id=obj.blob_object_id,
+        size_bytes=obj.size,
+        storage_size=obj.storage_size,
+        registered_epoch=obj.registered_epoch,
+        end_epoch=obj.end_epoch,
+        # A duplicate object of content we already keep alive is left to lapse.
+        status=BlobStatus.LIVE if live and shared is None else BlobStatus.ORPHAN,
+        next_renewal_epoch=lifecycle.next_renewal_epoch(obj.end_epoch, threshold),
+        created_at=now,
+        updated_at=now,
+    )
+    try:
+        with s.begin_nested():
+            s.add(row)
+            s.flush()
+    except IntegrityError:
+        again = s.scalar(select(Blob).where(Blob.blob_object_id == obj.blob_object_id))
+        assert again is not None
+        return int(again.id)
+    return int(shared.id) if shared is not None else int(row.id)
+
+
+def _fail(rt: Runtime, memory: Memory, reason: str) -> Outcome:
+    now = rt.clock.now()
+    with rt.db.begin() as s:
+        res = s.execute(
+            update(Memory)
+            .where(
+                Memory.id == memory.id,
+                Memory.status == MemoryStatus.STORING,
+                Memory.attempt == memory.attempt,
+            )
+            .values(status=MemoryStatus.FAILED, failure_reason=reason[:500], status_changed_at=now)
+        )
+        if res.rowcount != 1:
+            return Outcome.SETTLED
+        ledger.release(s, memory.account_id, hold_ref(memory.id, memory.attempt), memo=reason[:200])
+        s.execute(
+            update(Request)
+            .where(Request.account_id == memory.account_id, Request.memory_id == memory.id)
+            .values(status="failed", updated_at=now)
+        )
+    log.warning("store %s failed: %s (hold released)", memory.id, reason)
+    return Outcome.FAILED
+
+
+def recover_accepting(rt: Runtime, memory_id: str) -> Outcome:
+    """A memory stuck in ``accepting`` (crash between claim and relayer accept).
+
+    Re-run the accept with the same idempotency key: the relayer returns the
+    job it already has, or accepts now. If the relayer is unavailable, leave it
+    for the next pass until the deadline, then release the hold.
+    """
+    with rt.db.read() as s:
+        memory = s.get(Memory, memory_id)
+    if memory is None or memory.status != MemoryStatus.ACCEPTING:
+        return Outcome.SETTLED
+    now = rt.clock.now()
+    # The plaintext is not kept by Walkeep after accept: if the relayer never
+    # got the write, there is nothing to resubmit. Ask with the same key; a
+    # relayer that has no such job cannot be given one, so release.
+    job_id = _find_job(rt, memory)
+    if job_id is not None:
+        with rt.db.begin() as s:
+            s.execute(
+                update(Memory)
+                .where(Memory.id == memory.id, Memory.status == MemoryStatus.ACCEPTING)
+                .values(status=MemoryStatus.STORING, job_id=job_id, status_changed_at=now)
+            )
+        return settle(rt, memory.id)
+    with rt.db.begin() as s:
+        res = s.execute(
+            update(Memory)
+            .where(
+                Memory.id == memory.id,
+                Memory.status == MemoryStatus.ACCEPTING,
+                Memory.attempt == memory.attempt,
+            )
+            .values(
+                status=MemoryStatus.FAILED,
+                failure_reason="interrupted before the storage backend accepted the write",
+                status_changed_at=now,
+            )
+        )
+        if res.rowcount != 1:
+            return Outcome.SETTLED
+        ledger.release(s, memory.account_id, hold_ref(memory.id, memory.attempt))
+        s.execute(
+            update(Request)
+            .where(Request.account_id == memory.account_id, Request.memory_id == memory.id)
+            .values(status="failed", updated_at=now)
+        )
+    return Outcome.FAILED
+
+
+def _find_job(rt: Runtime, memory: Memory) -> str | None:
+    finder = getattr(rt.relayer, "find_job", None)
+    if finder is None:
+        return None
+    try:
+        return finder(job_key(memory.id, memory.attempt))  # type: ignore[no-any-return]
+    except WalkeepError:
+        return None
+
+
+@dataclass
+class CompleteReport:
+    landed: int = 0
+    failed: int = 0
+    pending: int = 0
+    recovered: int = 0
+
+
+def complete_writes(
+    rt: Runtime, *, accepting_grace_seconds: int = 120, limit: int = 1000
+) -> CompleteReport:
+    """Worker job: settle every in-flight store from the database."""
+    report = CompleteReport()
+    now = rt.clock.now()
+    with rt.db.read() as s:
+        storing = list(
+            s.scalars(
+                select(Memory.id)
+                .where(Memory.status == MemoryStatus.STORING)
+                .order_by(Memory.accepted_at)
+                .limit(limit)
+            )
+        )
+        stuck = list(
+            s.scalars(
+                select(Memory.id)
+                .where(
+                    Memory.status == MemoryStatus.ACCEPTING,
+                    Memory.status_changed_at < now - timedelta(seconds=accepting_grace_seconds),
+                )
+                .limit(limit)
+            )
+        )
+    for mid in stuck:
+        if recover_accepting(rt, mid) != Outcome.SETTLED:
+            report.recovered += 1
+    stop = rt.extras.get("stop")
+    for mid in storing:
+        if stop is not None and stop.is_set():
+            break
+        try:
+            outcome = settle(rt, mid)
+        except Exception:
+            log.exception("settling %s failed; will retry", mid)
+            outcome = Outcome.PENDING
+        if outcome == Outcome.LANDED:
+            report.landed += 1
+        elif outcome == Outcome.FAILED:
+            report.failed += 1
+        elif outcome == Outcome.PENDING:
+            report.pending += 1
+    return report
+
+
+@dataclass(order=True)
+class _Item:
+    due: float
+    memory_id: str = field(compare=False)
+    delay: float = field(compare=False, default=0.05)
+
+
+class Completer:
+    """In-process driver: settles accepted stores right away, with backoff.
+
+    Threads poll the relayer so the request thread never waits for a write.
+    Purely an accelerator: if the process dies, ``complete_writes`` finishes
+    the job from the database.
+    """
+
+    MAX_DELAY = 5.0
+
+    def __init__(self, rt: Runtime, *, threads: int = 2) -> None:
+        self.rt = rt
+        self._heap: list[_Item] = []
+        self._cv = threading.Condition()
+        self._inflight = 0
+        self._stop = False
+        self._threads = [
+            threading.Thread(target=self._run, name=f"walkeep-completer-{i}", daemon=True)
+            for i in range(threads)
+        ]
+        self._started = False
+
+    def start(self) -> None:
+        if not self._started:
+            self._started = True
+            for t in self._threads:
+                t.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        for t in self._threads:
+            if t.is_alive():
+                t.join(timeout)
+
+    def submit(self, memory_id: str, delay: float = 0.0) -> None:
+        with self._cv:
+            heapq.heappush(self._heap, _Item(time.monotonic() + delay, memory_id))
+            self._cv.notify()
+
+    def pending(self) -> int:
+        with self._cv:
+            return len(self._heap) + self._inflight
+
+    def wait_idle(self, timeout: float = 10.0) -> bool:
+        """Block until nothing is queued or running (tests, graceful shutdown)."""
+        end = time.monotonic() + timeout
+        with self._cv:
+            while self._heap or self._inflight:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(min(left, 0.05))
+        return True
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stop and (not self._heap or self._heap[0].due > time.monotonic()):
+                    wait = (
+                        None if not self._heap else max(0.0, self._heap[0].due - time.monotonic())
+                    )
+                    self._cv.wait(wait if wait is not None else 1.0)
+                if self._stop:
+                    return
+                item = heapq.heappop(self._heap)
+                self._inflight += 1
+            try:
+                outcome = settle(self.rt, item.memory_id)
+            except Exception:
+                log.exception("settling %s crashed; retrying", item.memory_id)
+                outcome = Outcome.PENDING
+            with self._cv:
+                self._inflight -= 1
+                if outcome == Outcome.PENDING and not self._stop:
+                    delay = min(item.delay * 2, self.MAX_DELAY)
+                    heapq.heappush(
+                        self._heap, _Item(time.monotonic() + delay, item.memory_id, delay)
+                    )
+                self._cv.notify_all()

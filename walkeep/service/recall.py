@@ -1,0 +1,99 @@
+"""``recall``: semantic search over this account's memories. Read-only and free.
+
+The relayer ranks; Walkeep's own registry decides what may be shown: only
+memories that are stored, not forgotten, not lapsed (invariant 6), in this
+account (invariant 7). Content is returned verbatim — it is data, never
+instructions (invariant 8).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy import func, select
+
+from walkeep import lifecycle
+from walkeep.db.models import Blob, Memory
+from walkeep.errors import NotFound, ValidationError
+from walkeep.lifecycle import VISIBLE
+from walkeep.service.accounts import validate_namespace
+from walkeep.service.runtime import Runtime
+from walkeep.service.schemas import RecallHit, RecallResult
+
+log = logging.getLogger(__name__)
+
+LIMIT_MIN, LIMIT_MAX, LIMIT_DEFAULT = 1, 50, 5
+QUERY_MAX_CHARS = 4096
+
+
+def recall(
+    rt: Runtime,
+    account_id: str,
+    *,
+    query: str,
+    namespace: str | None = None,
+    limit: int = LIMIT_DEFAULT,
+) -> RecallResult:
+    if not isinstance(query, str) or not query.strip():
+        raise ValidationError("query must be a non-empty string", {"field": "query"})
+    if len(query) > QUERY_MAX_CHARS:
+        raise ValidationError(
+            f"query must be at most {QUERY_MAX_CHARS} characters",
+            {"field": "query", "max_length": QUERY_MAX_CHARS},
+        )
+    if isinstance(limit, bool) or not isinstance(limit, int) or not LIMIT_MIN <= limit <= LIMIT_MAX:
+        raise ValidationError(
+            f"limit must be an integer from {LIMIT_MIN} to {LIMIT_MAX}",
+            {"field": "limit", "minimum": LIMIT_MIN, "maximum": LIMIT_MAX},
+        )
+    if namespace is not None:
+        validate_namespace(namespace)
+
+    # Over-fetch: some hits may be forgotten, lapsed or still storing.
+    hits = rt.relayer.search(account_id, namespace, query, min(limit * 3 + 10, 200))
+    if not hits:
+        return RecallResult(results=[])
+    current = rt.chain.current_epoch()
+    blob_ids = list(dict.fromkeys(h.blob_id for h in hits))
+    q = (
+        select(Blob.blob_id, func.min(Memory.stored_at), func.max(Blob.end_epoch))
+        .join(Memory, Memory.blob_pk == Blob.id)
+        .where(
+            Memory.account_id == account_id,
+            Memory.status.in_(list(VISIBLE)),
+            Blob.blob_id.in_(blob_ids),
+            Blob.end_epoch > current,
+        )
+        .group_by(Blob.blob_id)
+    )
+    if namespace is not None:
+        q = q.where(Memory.namespace == namespace)
+    with rt.db.read() as s:
+        visible = {row[0]: (row[1], row[2]) for row in s.execute(q)}
+
+    results: list[RecallHit] = []
+    seen: set[str] = set()
+    for hit in hits:
+        if hit.blob_id in seen or hit.blob_id not in visible:
+            continue
+        seen.add(hit.blob_id)
+        content = hit.content
+        if content is None:
+            try:
+                content = rt.relayer.read(account_id, hit.blob_id)
+            except NotFound:
+                log.warning("blob %s is indexed but unreadable; skipping", hit.blob_id)
+                continue
+        stored_at, end_epoch = visible[hit.blob_id]
+        results.append(
+            RecallHit(
+                blob_id=hit.blob_id,
+                content=content,
+                score=round(float(hit.score), 4),
+                stored_at=stored_at,
+                runway_epochs=lifecycle.runway(end_epoch, current),
+            )
+        )
+        if len(results) >= limit:
+            break
+    return RecallResult(results=results)

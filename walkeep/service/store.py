@@ -1,0 +1,414 @@
+"""``store``: accept a memory fast, finish it in the background, bill only what landed.
+
+Ordering (seeds/walkeep-tool-reference.txt, "Semantics that keep you safe"):
+
+1. validate, then the size quota (stateless, so it can't depend on history);
+2. idempotency: a replay of a known request_id returns its outcome (a settled
+   store replays as ``stored``; an in-flight one is joined, never written
+   twice; a terminally failed one is retried under the same request_id);
+3. usage quotas (total bytes, stores per day) and the balance check, which
+   places a *hold* for the price (fail closed: INSUFFICIENT_BALANCE writes
+   nothing) — all in one transaction with the request claim;
+4. relayer accept — the tool returns here with ``status: "storing"``;
+5. background (``completion.settle``): wait for the write to land, then
+   capture the hold and register the memory in one transaction; a terminal
+   failure releases the hold.
+
+Usage quotas are checked after the idempotency lookup (a deviation from a
+literal reading of the reference's "quota → idempotency") so that replaying a
+store that already succeeded can never be refused because the daily limit
+was reached since: a replay is not a new store.
+
+A storage outage at accept (RELAYER_UNAVAILABLE) releases the hold and
+deletes the claim, so nothing is billed and the same request_id simply
+retries.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime, timedelta
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from walkeep import ids, ledger, pricing
+from walkeep.db.models import Account, Memory, Request
+from walkeep.errors import (
+    InsufficientBalance,
+    QuotaExceeded,
+    RelayerUnavailable,
+    ValidationError,
+    WalkeepError,
+)
+from walkeep.lifecycle import MemoryStatus
+from walkeep.service import idempotency
+from walkeep.service.accounts import validate_namespace
+from walkeep.service.runtime import Runtime
+from walkeep.service.schemas import StoreResult
+
+log = logging.getLogger(__name__)
+
+TOOL = "store"
+# How long a racer waits for the winner of its request_id to finish accepting.
+JOIN_WAIT_SECONDS = 20.0
+SETTLED = frozenset(
+    {MemoryStatus.ACTIVE, MemoryStatus.PAUSED, MemoryStatus.NO_RENEW, MemoryStatus.EXPIRED}
+)
+
+
+def hold_ref(memory_id: str, attempt: int) -> str:
+    return f"store:{memory_id}:{attempt}"
+
+
+def job_key(memory_id: str, attempt: int) -> str:
+    """The relayer idempotency key: one per attempt, so a retry is a new write."""
+    return f"{memory_id}:{attempt}"
+
+
+def validate_metadata(rt: Runtime, metadata: dict[str, str] | None) -> dict[str, str]:
+    s = rt.settings
+    md = dict(metadata or {})
+    if len(md) > s.max_metadata_keys:
+        raise ValidationError(
+            f"metadata has {len(md)} keys; at most {s.max_metadata_keys} are allowed",
+            {"field": "metadata", "max_keys": s.max_metadata_keys},
+        )
+    for k, v in md.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise ValidationError("metadata must map strings to strings", {"field": "metadata"})
+        if not k or len(k) > s.max_metadata_key_chars:
+            raise ValidationError(
+                f"metadata keys must be 1–{s.max_metadata_key_chars} characters",
+                {"field": "metadata", "key": k[:80], "max_key_chars": s.max_metadata_key_chars},
+            )
+        if len(v) > s.max_metadata_value_chars:
+            raise ValidationError(
+                f"metadata value for {k!r} exceeds {s.max_metadata_value_chars} characters",
+                {"field": "metadata", "key": k, "max_value_chars": s.max_metadata_value_chars},
+            )
+    return md
+
+
+def store(
+    rt: Runtime,
+    account_id: str,
+    *,
+    content: str,
+    request_id: str,
+    namespace: str = "default",
+    metadata: dict[str, str] | None = None,
+) -> StoreResult:
+    s = rt.settings
+    idempotency.validate_request_id(request_id)
+    if not isinstance(content, str) or not content.strip():
+        raise ValidationError("content must be a non-empty string", {"field": "content"})
+    size = len(content.encode("utf-8"))
+    if size > s.max_memory_bytes:
+        raise QuotaExceeded(
+            f"memory is {size} bytes; the limit is {s.max_memory_bytes} bytes",
+            {"limit": "max_memory_bytes", "limit_bytes": s.max_memory_bytes, "size_bytes": size},
+        )
+    validate_namespace(namespace)
+    md = validate_metadata(rt, metadata)
+    fp = idempotency.fingerprint(content=content, namespace=namespace, metadata=md)
+    cost_mc = pricing.store_cost_mc(size, s.store_price_mc_per_64kib)
+
+    deadline = time.monotonic() + JOIN_WAIT_SECONDS
+    while True:
+        with rt.db.read() as sess:
+            existing = idempotency.find(sess, account_id, TOOL, request_id)
+            memory = (
+                sess.get(Memory, existing.memory_id) if existing and existing.memory_id else None
+            )
+        if existing is None:
+            claimed = _claim(rt, account_id, request_id, fp, namespace, md, size, content, cost_mc)
+            if claimed is None:
+                continue  # lost the race for this request_id: replay as the loser
+            return _accept(rt, claimed, content, attempt=1)
+
+        idempotency.check_fingerprint(existing, fp)
+        if memory is None:
+            raise WalkeepError(f"request {request_id!r} has no memory")  # cannot happen
+        status = MemoryStatus(memory.status)
+        if status == MemoryStatus.STORING:
+            return _result(
+                memory,
+                "storing",
+                "Already accepted under this request_id; "
+                "the write is completing in the background (joined, not repeated).",
+            )
+        if status in SETTLED:
+            return _result(
+                memory,
+                "stored",
+                "A store with this request_id already completed; "
+                "nothing was written or charged again.",
+            )
+        if status == MemoryStatus.FAILED:
+            retried = _reclaim_failed(rt, memory, fp, content, cost_mc)
+            if retried is None:
+                continue
+            return _accept(rt, retried, content, attempt=retried.attempt)
+        # ACCEPTING: another call is between claim and relayer accept. Wait for it.
+        if time.monotonic() > deadline:
+            raise RelayerUnavailable(
+                "an earlier call with this request_id is still being accepted; "
+                "retry with the same request_id",
+                {"request_id": request_id, "retry": True},
+            )
+        time.sleep(0.02)
+
+
+def _claim(
+    rt: Runtime,
+    account_id: str,
+    request_id: str,
+    fp: str,
+    namespace: str,
+    md: dict[str, str],
+    size: int,
+    content: str,
+    cost_mc: int,
+) -> Memory | None:
+    """Claim the request id, check usage quotas and hold the price, atomically."""
+    now = rt.clock.now()
+    memory_id = ids.new_memory_id()
+    try:
+        with rt.db.begin() as sess:
+            _lock_account(sess, account_id)
+            _check_usage(rt, sess, account_id, size, now)
+            sess.add(
+                Request(
+                    account_id=account_id,
+                    tool=TOOL,
+                    request_id=request_id,
+                    fingerprint=fp,
+                    status="in_progress",
+                    memory_id=memory_id,
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+            sess.flush()
+            _hold(rt, sess, account_id, memory_id, 1, cost_mc)
+            memory = Memory(
+                id=memory_id,
+                account_id=account_id,
+                namespace=namespace,
+                metadata_=md,
+                size_bytes=size,
+                content_hash=_content_hash(content),
+                status=MemoryStatus.ACCEPTING,
+                cost_mc=cost_mc,
+                attempt=1,
+                accepted_at=now,
+                deadline_at=now + timedelta(seconds=rt.settings.completion_deadline_seconds),
+                status_changed_at=now,
+            )
+            sess.add(memory)
+        return memory
+    except IntegrityError:
+        return None  # the request id was claimed concurrently
+
+
+def _reclaim_failed(
+    rt: Runtime, memory: Memory, fp: str, content: str, cost_mc: int
+) -> Memory | None:
+    """Retry a terminally failed store under the same request_id (never poisoned)."""
+    now = rt.clock.now()
+    attempt = memory.attempt + 1
+    with rt.db.begin() as sess:
+        _lock_account(sess, memory.account_id)
+        res = sess.execute(
+            update(Memory)
+            .where(
+                Memory.id == memory.id,
+                Memory.status == MemoryStatus.FAILED,
+                Memory.attempt == memory.attempt,
+            )
+            .values(
+                status=MemoryStatus.ACCEPTING,
+                attempt=attempt,
+                job_id=None,
+                failure_reason=None,
+                accepted_at=now,
+                deadline_at=now + timedelta(seconds=rt.settings.completion_deadline_seconds),
+                status_changed_at=now,
+            )
+        )
+        if res.rowcount != 1:
+            return None  # someone else is retrying it
+        _check_usage(rt, sess, memory.account_id, memory.size_bytes, now, exclude=memory.id)
+        _hold(rt, sess, memory.account_id, memory.id, attempt, cost_mc)
+        sess.execute(
+            update(Request)
+            .where(Request.account_id == memory.account_id, Request.memory_id == memory.id)
+            .values(status="in_progress", response=None, updated_at=now)
+        )
+        fresh = sess.get(Memory, memory.id)
+        assert fresh is not None
+        return fresh
+
+
+def _accept(rt: Runtime, memory: Memory, content: str, *, attempt: int) -> StoreResult:
+    """Hand the write to the relayer; on failure undo the claim so nothing is billed."""
+    try:
+        job_id = rt.relayer.accept(
+            account_id=memory.account_id,
+            namespace=memory.namespace,
+            content=content,
+            idempotency_key=job_key(memory.id, attempt),
+            epochs=rt.settings.initial_epochs,
+        )
+    except WalkeepError as exc:
+        _undo_claim(rt, memory, attempt, str(exc))
+        raise
+    except Exception as exc:
+        log.exception("relayer accept crashed for %s", memory.id)
+        _undo_claim(rt, memory, attempt, repr(exc))
+        raise RelayerUnavailable(
+            "the storage backend failed to accept the write; nothing was stored or billed — "
+            "retry with the same request_id",
+            {"retry": True},
+        ) from exc
+    now = rt.clock.now()
+    with rt.db.begin() as sess:
+        sess.execute(
+            update(Memory)
+            .where(Memory.id == memory.id, Memory.status == MemoryStatus.ACCEPTING)
+            .values(status=MemoryStatus.STORING, job_id=job_id, status_changed_at=now)
+        )
+    if rt.completer is not None:
+        rt.completer.submit(memory.id)
+    return _result(
+        memory,
+        "storing",
+        "Accepted — the memory is being written to Walrus and will be billed once it lands. "
+        "It becomes recallable shortly; check_runway(memory_id) confirms durability.",
+    )
+
+
+def _undo_claim(rt: Runtime, memory: Memory, attempt: int, reason: str) -> None:
+    now = rt.clock.now()
+    with rt.db.begin() as sess:
+        ledger.release(sess, memory.account_id, hold_ref(memory.id, attempt))
+        if attempt == 1:
+            sess.execute(
+                delete(Request).where(
+                    Request.account_id == memory.account_id, Request.memory_id == memory.id
+                )
+            )
+            sess.execute(delete(Memory).where(Memory.id == memory.id))
+        else:
+            sess.execute(
+                update(Memory)
+                .where(Memory.id == memory.id)
+                .values(
+                    status=MemoryStatus.FAILED, failure_reason=reason[:500], status_changed_at=now
+                )
+            )
+            sess.execute(
+                update(Request)
+                .where(Request.account_id == memory.account_id, Request.memory_id == memory.id)
+                .values(status="failed", updated_at=now)
+            )
+
+
+def _hold(
+    rt: Runtime, sess: Session, account_id: str, memory_id: str, attempt: int, cost_mc: int
+) -> None:
+    try:
+        ledger.hold(
+            sess, account_id, cost_mc, ref=hold_ref(memory_id, attempt), memo=f"store {memory_id}"
+        )
+    except InsufficientBalance as exc:
+        available = int(exc.data.get("available_mc", 0))
+        short_mc = cost_mc - available
+        suggested = max(
+            ledger.mc_to_usd_ceil(short_mc), ledger.mc_to_usd_ceil(500 * ledger.MC_PER_CREDIT)
+        )
+        raise InsufficientBalance(
+            "not enough credits for this store; nothing was stored or charged",
+            {
+                "needed_credits": ledger.credits_display(cost_mc),
+                "available_credits": ledger.credits_display(max(available, 0)),
+                "top_up": {
+                    "tool": "top_up",
+                    "arguments": {"amount_usd": float(suggested)},
+                    "then": "replay store with the same request_id",
+                    "minimum_usd": float(ledger.mc_to_usd_ceil(max(short_mc, 0))),
+                },
+            },
+        ) from exc
+
+
+def _lock_account(sess: Session, account_id: str) -> None:
+    """Serialise one account's accepts so usage quotas are exact (SQLite: BEGIN IMMEDIATE)."""
+    q = select(Account.id).where(Account.id == account_id)
+    if sess.get_bind().dialect.name == "postgresql":
+        q = q.with_for_update()
+    if sess.execute(q).first() is None:
+        from walkeep.errors import NotFound
+
+        raise NotFound("unknown account", {"account_id": account_id})
+
+
+def _check_usage(
+    rt: Runtime,
+    sess: Session,
+    account_id: str,
+    size: int,
+    now: datetime,
+    exclude: str | None = None,
+) -> None:
+    s = rt.settings
+    live = Memory.status.not_in([MemoryStatus.FAILED, MemoryStatus.EXPIRED])
+    cond = [Memory.account_id == account_id, live]
+    if exclude:
+        cond.append(Memory.id != exclude)
+    total = sess.scalar(select(func.coalesce(func.sum(Memory.size_bytes), 0)).where(*cond)) or 0
+    if total + size > s.max_total_bytes:
+        raise QuotaExceeded(
+            f"storing this would bring the account to {total + size} bytes; "
+            f"the limit is {s.max_total_bytes}",
+            {
+                "limit": "max_total_bytes",
+                "limit_bytes": s.max_total_bytes,
+                "used_bytes": int(total),
+            },
+        )
+    day_start = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    today = (
+        sess.scalar(
+            select(func.count()).select_from(Memory).where(*cond, Memory.accepted_at >= day_start)
+        )
+        or 0
+    )
+    if today >= s.max_stores_per_day:
+        raise QuotaExceeded(
+            f"daily store limit of {s.max_stores_per_day} reached (resets at 00:00 UTC)",
+            {
+                "limit": "max_stores_per_day",
+                "limit_count": s.max_stores_per_day,
+                "used_count": int(today),
+            },
+        )
+
+
+def _content_hash(content: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(content.encode("utf-8")).hexdigest()
+
+
+def _result(memory: Memory, status: str, note: str) -> StoreResult:
+    return StoreResult(
+        memory_id=memory.id,
+        status=status,  # type: ignore[arg-type]
+        namespace=memory.namespace,
+        cost_credits=ledger.credits_display(memory.cost_mc),
+        note=note,
+    )

@@ -1,0 +1,64 @@
+"""Shared read helpers: resolve a memory_id or blob_id within one account.
+
+Every lookup is scoped by account id, so another account's ids are simply
+not found (invariant 7: isolation, never a leak).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from walkeep.backends.base import EpochInfo
+from walkeep.db.models import Blob, Memory
+from walkeep.errors import NotFound, ValidationError
+from walkeep.lifecycle import LISTED
+
+
+def resolve(session: Session, account_id: str, ident: str) -> list[tuple[Memory, Blob | None]]:
+    """Memories named by a ``mem_…`` id or sharing a blob_id, in this account only."""
+    if not isinstance(ident, str) or not ident.strip():
+        raise ValidationError("memory_id is required", {"field": "memory_id"})
+    ident = ident.strip()
+    q = (
+        select(Memory, Blob)
+        .outerjoin(Blob, Blob.id == Memory.blob_pk)
+        .where(Memory.account_id == account_id, Memory.status.in_(list(LISTED)))
+    )
+    if ident.startswith("mem_"):
+        q = q.where(Memory.id == ident)
+    else:
+        q = q.where(Blob.blob_id == ident)
+    rows = [(m, b) for m, b in session.execute(q.order_by(Memory.accepted_at))]
+    if not rows:
+        raise NotFound(
+            "no memory with that memory_id or blob_id in this account",
+            {"memory_id": ident, "hint": "list your memories with check_runway()"},
+        )
+    return rows
+
+
+def approx_epoch_start(info: EpochInfo, epoch: int, now: datetime) -> datetime:
+    """When ``epoch`` begins, estimated from the current epoch's start and length."""
+    start = info.started_at or now
+    return start + timedelta(seconds=(epoch - info.epoch) * info.duration_seconds)
+
+
+def human_duration(seconds: float) -> str:
+    """'about 9 months', 'about 3 weeks', 'about 5 days', 'about 4 hours'."""
+    seconds = max(0.0, seconds)
+    units = [
+        (365 * 86400, "year"),
+        (30 * 86400, "month"),
+        (7 * 86400, "week"),
+        (86400, "day"),
+        (3600, "hour"),
+        (60, "minute"),
+    ]
+    for size, name in units:
+        if seconds >= size:
+            n = round(seconds / size)
+            return f"about {n} {name}{'s' if n != 1 else ''}"
+    return "less than a minute"
