@@ -125,10 +125,9 @@ async def balance_route(who: Auth, rt: Rt) -> BalanceResult:
 async def top_up_route(body: TopUpIn, who: Auth, rt: Rt) -> TopUpResult:
     from walkeep.service import topup
 
-    result = await run_in_threadpool(
+    return await run_in_threadpool(
         topup.top_up, rt, who.account_id, amount_usd=body.amount_usd, request_id=body.request_id
     )
-    return TopUpResult.model_validate(result.model_dump())
 
 
 @router.post("/forget", response_model=ForgetResult, summary="Stop renewing a memory")

@@ -53,6 +53,7 @@ from walkeep.payments.base import CheckoutRequest, PaymentEvent, ProviderSession
 from walkeep.payments.local import LocalPayments, local_session_id
 from walkeep.service.renew import resume_paused
 from walkeep.service.runtime import Runtime
+from walkeep.service.schemas import TopUpResult
 
 log = logging.getLogger(__name__)
 
@@ -88,13 +89,6 @@ Action = Literal[
 
 
 # --- results -------------------------------------------------------------------------
-
-
-class TopUpResult(BaseModel):
-    """What ``top_up`` returns (the MCP tool's output)."""
-
-    checkout_url: str
-    amount_usd: float
 
 
 class WebhookOutcome(BaseModel):

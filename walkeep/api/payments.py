@@ -1,0 +1,198 @@
+"""Payment routes: the Stripe webhook and the local TEST MODE checkout pages.
+
+Mount with ``app.include_router(walkeep.api.payments.router)``; the app must
+carry its ``Runtime`` in ``app.state.runtime``.
+
+The webhook reads the *raw* body: Stripe signs the exact bytes it sent, and
+any re-serialisation would break the signature. It answers 400 for a bad
+signature (or when Stripe isn't configured), 503 when the session can't be
+re-retrieved (Stripe retries later), and 200 otherwise — including duplicates
+and events we don't act on, so Stripe stops retrying them.
+
+The checkout pages only exist for the local provider and say TEST MODE in
+large letters: no money moves, the Pay button just credits the account.
+Service calls are blocking (database, provider HTTP), so they run in the
+thread pool, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from walkeep.errors import NotFound, WalkeepError
+from walkeep.payments.base import InvalidSignature
+from walkeep.service.runtime import Runtime
+from walkeep.service.topup import (
+    CheckoutStatus,
+    checkout_status,
+    handle_stripe_webhook,
+    pay_local,
+)
+
+log = logging.getLogger(__name__)
+
+router = APIRouter()
+
+
+def _runtime(request: Request) -> Runtime:
+    rt: Runtime = request.app.state.runtime
+    return rt
+
+
+# --- webhook -------------------------------------------------------------------------
+
+
+@router.post("/webhooks/stripe", include_in_schema=False)
+async def stripe_webhook(request: Request) -> JSONResponse:
+    rt = _runtime(request)
+    body = await request.body()
+    signature = request.headers.get("stripe-signature")
+    try:
+        outcome = await run_in_threadpool(handle_stripe_webhook, rt, body, signature)
+    except InvalidSignature as exc:
+        log.warning("rejected webhook: %s", exc)
+        return JSONResponse({"received": False, "error": "invalid_signature"}, status_code=400)
+    except WalkeepError as exc:
+        # Provider unreachable while re-retrieving the session: let Stripe retry.
+        log.warning("webhook not processed (%s): %s", exc.code, exc.message)
+        status = exc.http_status if exc.http_status >= 500 else 500
+        return JSONResponse({"received": False, "error": exc.code}, status_code=status)
+    except Exception:
+        log.exception("webhook processing failed")
+        return JSONResponse({"received": False, "error": "INTERNAL"}, status_code=500)
+    return JSONResponse({"received": True, **outcome.model_dump()})
+
+
+# --- pages ---------------------------------------------------------------------------
+
+_STYLE = """
+body{font-family:system-ui,sans-serif;max-width:34rem;margin:3rem auto;padding:0 1rem;color:#222}
+.testmode{background:#ffb020;color:#000;font-weight:800;font-size:1.4rem;text-align:center;
+  padding:.7rem;border-radius:.4rem;letter-spacing:.08em}
+.box{border:1px solid #ddd;border-radius:.5rem;padding:1.2rem;margin-top:1.2rem}
+.amount{font-size:2rem;font-weight:700}
+button{font-size:1.1rem;padding:.6rem 1.4rem;border-radius:.4rem;border:0;background:#635bff;
+  color:#fff;cursor:pointer}
+.muted{color:#666;font-size:.9rem}
+.ok{color:#0a7d32;font-weight:700}
+.err{color:#b00020;font-weight:700}
+"""
+
+_TEST_MODE_BANNER = (
+    '<div class="testmode">TEST MODE</div>'
+    '<p class="muted">This is Walkeep\'s built-in test checkout. No money moves: '
+    "paying adds credits to the account for free. Configure Stripe for real payments.</p>"
+)
+
+
+def _page(
+    title: str, body: str, *, test_mode: bool = False, status_code: int = 200
+) -> HTMLResponse:
+    banner = _TEST_MODE_BANNER if test_mode else ""
+    page = (
+        "<!doctype html><html lang=en><head><meta charset=utf-8>"
+        '<meta name="viewport" content="width=device-width,initial-scale=1">'
+        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head>"
+        f"<body>{banner}<h1>{html.escape(title)}</h1>{body}</body></html>"
+    )
+    return HTMLResponse(page, status_code=status_code)
+
+
+def _error_page(exc: WalkeepError, *, test_mode: bool = True) -> HTMLResponse:
+    title = "Checkout not found" if isinstance(exc, NotFound) else "Cannot complete this checkout"
+    return _page(
+        title,
+        f'<p class="err">{html.escape(exc.message)}</p>',
+        test_mode=test_mode,
+        status_code=exc.http_status,
+    )
+
+
+def _summary(st: CheckoutStatus) -> str:
+    return (
+        f'<div class="amount">${html.escape(st.amount_usd)} '
+        f"{html.escape(st.currency.upper())}</div>"
+        f"<p>Walkeep credits for account <b>{html.escape(st.account_name)}</b> "
+        f'<span class="muted">({html.escape(st.account_id)})</span></p>'
+        f'<p class="muted">Checkout {html.escape(st.checkout_id)}</p>'
+    )
+
+
+async def _local_status(rt: Runtime, checkout_id: str) -> CheckoutStatus:
+    st = await run_in_threadpool(checkout_status, rt, checkout_id)
+    if st.provider != "local" or rt.payments.provider != "local":
+        # Stripe checkouts are paid on Stripe's page, never here.
+        raise NotFound("no such TEST MODE checkout", {"checkout_id": checkout_id})
+    return st
+
+
+@router.get("/checkout/{checkout_id}", response_class=HTMLResponse, include_in_schema=False)
+async def checkout_page(checkout_id: str, request: Request) -> HTMLResponse:
+    rt = _runtime(request)
+    try:
+        st = await _local_status(rt, checkout_id)
+    except WalkeepError as exc:
+        return _error_page(exc)
+    cid = html.escape(checkout_id, quote=True)
+    if st.status == "complete":
+        body = (
+            _summary(st)
+            + '<div class="box"><p class="ok">Already paid — the credits were added.</p></div>'
+        )
+    elif st.status in ("expired", "failed") or rt.clock.now() >= st.expires_at:
+        body = _summary(st) + (
+            '<div class="box"><p class="err">This checkout link has expired.</p>'
+            "<p>Call <code>top_up</code> again with the same request_id for a fresh link.</p></div>"
+        )
+    else:
+        body = _summary(st) + (
+            f'<form class="box" method="post" action="/checkout/{cid}/pay">'
+            f"<button type=submit>Pay ${html.escape(st.amount_usd)} (TEST MODE)</button>"
+            '<p class="muted">Simulated payment: no card, no charge.</p></form>'
+        )
+    return _page("Add Walkeep credits", body, test_mode=True)
+
+
+@router.post("/checkout/{checkout_id}/pay", response_class=HTMLResponse, include_in_schema=False)
+async def checkout_pay(checkout_id: str, request: Request) -> HTMLResponse:
+    rt = _runtime(request)
+    try:
+        await _local_status(rt, checkout_id)
+        credited = await run_in_threadpool(pay_local, rt, checkout_id)
+        st = await run_in_threadpool(checkout_status, rt, checkout_id)
+    except WalkeepError as exc:
+        return _error_page(exc)
+    if credited:
+        message = f'<p class="ok">Paid. ${html.escape(st.amount_usd)} of credits were added.</p>'
+    else:
+        message = '<p class="ok">Already paid — nothing was charged or credited twice.</p>'
+    body = (
+        _summary(st)
+        + f'<div class="box">{message}'
+        + "<p>Paused memories resume automatically. You can close this page.</p></div>"
+    )
+    return _page("Credits added", body, test_mode=True)
+
+
+@router.get("/topup/done", response_class=HTMLResponse, include_in_schema=False)
+async def topup_done() -> HTMLResponse:
+    return _page(
+        "Thank you",
+        "<p>Your payment was received. The credits appear on the account as soon as the "
+        "payment provider confirms it — usually within seconds; some bank payments take "
+        "a few days.</p><p>You can close this page.</p>",
+    )
+
+
+@router.get("/topup/cancel", response_class=HTMLResponse, include_in_schema=False)
+async def topup_cancel() -> HTMLResponse:
+    return _page(
+        "Top-up cancelled",
+        "<p>Nothing was charged. To try again, open the same checkout link while it is "
+        "valid, or ask your agent to call <code>top_up</code> again.</p>",
+    )
