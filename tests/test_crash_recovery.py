@@ -46,8 +46,12 @@ def _invariant_holds(rt: Runtime, account_id: str) -> None:
         assert ledger.recompute(s, account_id) == ledger.balance(s, account_id)
 
 
-def test_crash_after_claim_before_relayer_accept_is_released(rt: Runtime, clock) -> None:  # type: ignore[no-untyped-def]
+def test_crash_after_claim_before_relayer_accept_is_released(
+    rt: Runtime, clock, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """A remote relayer (MemWal) accepts over the network, after the claim commits."""
     a = account(rt, credits=5)
+    monkeypatch.setattr(store, "_stage", lambda *a, **k: None)  # no in-transaction accept
     original = rt.relayer.accept
 
     class Died(BaseException):
@@ -75,8 +79,11 @@ def test_crash_after_claim_before_relayer_accept_is_released(rt: Runtime, clock)
     _invariant_holds(rt, a)
 
 
-def test_crash_after_relayer_accept_before_recording_it_lands_once(rt: Runtime, clock) -> None:  # type: ignore[no-untyped-def]
+def test_crash_after_relayer_accept_before_recording_it_lands_once(
+    rt: Runtime, clock, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     a = account(rt, credits=5)
+    monkeypatch.setattr(store, "_stage", lambda *a, **k: None)  # no in-transaction accept
     original = rt.relayer.accept
     seen: list[str] = []
 
@@ -99,6 +106,26 @@ def test_crash_after_relayer_accept_before_recording_it_lands_once(rt: Runtime, 
         assert m is not None and m.status == "active" and m.job_id == seen[0]
         assert ledger.balance(s, a) == ledger.Balance(4000, 0)
     _invariant_holds(rt, a)
+
+
+def test_self_relayer_accepts_inside_the_claim_transaction(rt: Runtime) -> None:
+    """No window exists between claim and accept: they commit together."""
+    from walkeep.db.models import WriteJob
+
+    a = account(rt, credits=5)
+    r = store.store(rt, a, content="atomic accept", request_id="r1")
+    with rt.db.read() as s:
+        m = s.get(Memory, r.memory_id)
+        assert m is not None and m.status == "storing" and m.job_id
+        assert s.get(WriteJob, m.job_id) is not None
+    # A claim that fails (here: insufficient balance) leaves no job behind either.
+    broke = account(rt, credits=0)
+    try:
+        store.store(rt, broke, content="never", request_id="r2")
+    except Exception as exc:
+        assert type(exc).__name__ == "InsufficientBalance"
+    with rt.db.read() as s:
+        assert s.scalar(select(func.count()).select_from(WriteJob)) == 1
 
 
 def _free_port() -> int:

@@ -241,3 +241,16 @@ def test_display_helpers() -> None:
     assert ledger.credits_display(499_937) == 499.937
     assert ledger.mc_to_usd_str(499_937) == "4.99"
     assert ledger.mc_to_credits_ceil(1) == 1
+
+
+def test_a_replayed_hold_is_a_replay_even_when_the_balance_no_longer_covers_it(
+    db: Database,
+) -> None:
+    a = _account(db, credits=1)
+    with db.begin() as s:
+        first = ledger.hold(s, a, 1000, ref="h")
+    with db.begin() as s:  # available is 0 now: a *new* hold would be refused
+        again = ledger.hold(s, a, 1000, ref="h")
+    assert again.replayed and again.id == first.id
+    with pytest.raises(InsufficientBalance), db.begin() as s:
+        ledger.hold(s, a, 1000, ref="h-new")

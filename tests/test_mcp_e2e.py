@@ -76,11 +76,12 @@ def live(settings, clock, db) -> Iterator[Server]:  # type: ignore[no-untyped-de
 
 @asynccontextmanager
 async def mcp_client(srv: Server, key: str, mode: str = "auto"):  # type: ignore[no-untyped-def]
-    async with httpx2.AsyncClient(
-        headers={"Authorization": f"Bearer {key}"}, timeout=httpx2.Timeout(30, read=60)
-    ) as http, Client(
-        streamable_http_client(f"{srv.url}/mcp", http_client=http), mode=mode
-    ) as c:  # type: ignore[arg-type]
+    async with (
+        httpx2.AsyncClient(
+            headers={"Authorization": f"Bearer {key}"}, timeout=httpx2.Timeout(30, read=60)
+        ) as http,
+        Client(streamable_http_client(f"{srv.url}/mcp", http_client=http), mode=mode) as c,
+    ):  # type: ignore[arg-type]
         yield c
 
 

@@ -91,11 +91,13 @@ def check_config(settings: Settings) -> list[ConfigProblem]:
             )
         )
     if net == "mainnet" and settings.payments_provider == "local":
-        p.append(ConfigProblem(
-            "STRIPE_SECRET_KEY",
-            "mainnet needs real payments: without Stripe the local TEST MODE checkout would "
-            "hand out credits that buy real WAL",
-        ))
+        p.append(
+            ConfigProblem(
+                "STRIPE_SECRET_KEY",
+                "mainnet needs real payments: without Stripe the local TEST MODE checkout would "
+                "hand out credits that buy real WAL",
+            )
+        )
     if settings.renew_threshold_epochs >= settings.target_runway_epochs:
         p.append(
             ConfigProblem(

@@ -25,7 +25,7 @@ from datetime import datetime
 from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from enum import StrEnum
 
-from sqlalchemy import select, update
+from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -216,13 +216,13 @@ def credit(
         raise ValueError(f"{kind} is not a credit kind")
     _positive(amount_mc)
 
-    def apply() -> bool:
-        res = session.execute(
+    def apply() -> tuple[int, int] | None:
+        return _returning(
+            session,
             update(Account)
             .where(Account.id == account_id)
-            .values(balance_mc=Account.balance_mc + amount_mc)
+            .values(balance_mc=Account.balance_mc + amount_mc),
         )
-        return res.rowcount == 1
 
     return _post(session, account_id, kind, amount_mc, ref, memo, apply)
 
@@ -233,13 +233,13 @@ def hold(
     """Reserve credits; raises InsufficientBalance (writing nothing) if available < amount."""
     _positive(amount_mc)
 
-    def apply() -> bool:
-        res = session.execute(
+    def apply() -> tuple[int, int] | None:
+        return _returning(
+            session,
             update(Account)
             .where(Account.id == account_id, Account.balance_mc - Account.held_mc >= amount_mc)
-            .values(held_mc=Account.held_mc + amount_mc)
+            .values(held_mc=Account.held_mc + amount_mc),
         )
-        return res.rowcount == 1
 
     return _post(session, account_id, Kind.HOLD, amount_mc, ref, memo, apply)
 
@@ -250,13 +250,13 @@ def debit(
     """Spend credits directly (no hold); refuses to touch held credits."""
     _positive(amount_mc)
 
-    def apply() -> bool:
-        res = session.execute(
+    def apply() -> tuple[int, int] | None:
+        return _returning(
+            session,
             update(Account)
             .where(Account.id == account_id, Account.balance_mc - Account.held_mc >= amount_mc)
-            .values(balance_mc=Account.balance_mc - amount_mc)
+            .values(balance_mc=Account.balance_mc - amount_mc),
         )
-        return res.rowcount == 1
 
     return _post(session, account_id, Kind.DEBIT, amount_mc, ref, memo, apply)
 
@@ -304,34 +304,54 @@ def _check_replay(existing: Entry, kind: str, amount_mc: int | None) -> Entry:
 
 
 def _post(session, account_id, kind, amount_mc, ref, memo, apply) -> Entry:  # type: ignore[no-untyped-def]
-    existing = find(session, account_id, ref)
-    if existing:
-        return _check_replay(existing, kind, amount_mc)
+    """Apply ``apply`` (a conditional UPDATE … RETURNING balance, held) and append the entry,
+    in a savepoint; the UNIQUE (account_id, ref) makes a replay return the original.
+
+    No pre-select: the common case (a new ref) costs one UPDATE and one INSERT.
+    """
     try:
         with session.begin_nested():
-            if not apply():
-                # Nothing was written; tell a missing account from a short balance.
+            after = apply()
+            if after is None:
+                # Nothing was written. A replay of an entry posted when the
+                # balance allowed it is still a replay, not a refusal.
+                existing = find(session, account_id, ref)
+                if existing:
+                    return _check_replay(existing, kind, amount_mc)
                 bal = balance(session, account_id)  # raises NotFound
                 raise InsufficientBalance(
                     "not enough credits",
                     {"needed_mc": amount_mc, "available_mc": bal.available_mc},
                 )
-            bal = balance(session, account_id)
-            row = LedgerEntry(
+            now = _now(session)
+            entry_id = session.execute(
+                insert(LedgerEntry)
+                .values(
+                    account_id=account_id,
+                    kind=str(kind),
+                    amount_mc=amount_mc,
+                    ref=ref,
+                    balance_after_mc=after[0],
+                    held_after_mc=after[1],
+                    memo=memo,
+                    created_at=now,
+                )
+                .returning(LedgerEntry.id)
+            ).scalar_one()
+            return Entry(
+                id=entry_id,
                 account_id=account_id,
                 kind=str(kind),
                 amount_mc=amount_mc,
                 ref=ref,
-                balance_after_mc=bal.balance_mc,
-                held_after_mc=bal.held_mc,
+                settles_id=None,
+                balance_after_mc=after[0],
+                held_after_mc=after[1],
                 memo=memo,
-                created_at=_now(session),
+                created_at=now,
             )
-            session.add(row)
-            session.flush()
-            return Entry.of(row)
     except IntegrityError:
-        # A concurrent transaction posted the same ref first; ours was rolled back.
+        # The ref exists (a replay, or a concurrent poster won): ours was rolled back.
         existing = find(session, account_id, ref)
         if existing is None:
             raise
@@ -341,20 +361,21 @@ def _post(session, account_id, kind, amount_mc, ref, memo, apply) -> Entry:  # t
 def _settle(
     session: Session, account_id: str, hold_ref: str, kind: Kind, ref: str, memo: str | None
 ) -> Entry:
-    existing = find(session, account_id, ref)
-    if existing:
-        return _check_replay(existing, kind, None)
-    hold_row = session.scalar(
-        select(LedgerEntry).where(
+    """Capture or release a hold: one UPDATE … RETURNING and one INSERT in a savepoint.
+
+    The UNIQUE ``settles_id`` makes a second settlement of the same hold fail;
+    we then tell a replay (same ref) from a conflict (settled the other way).
+    """
+    hold_row = session.execute(
+        select(LedgerEntry.id, LedgerEntry.amount_mc).where(
             LedgerEntry.account_id == account_id,
             LedgerEntry.ref == hold_ref,
             LedgerEntry.kind == Kind.HOLD,
         )
-    )
+    ).first()
     if hold_row is None:
         raise NotFound(f"no hold {hold_ref!r}", {"hold_ref": hold_ref})
-    _raise_if_settled(session, hold_row.id, hold_ref)
-    amount = hold_row.amount_mc
+    hold_id, amount = int(hold_row[0]), int(hold_row[1])
     values = (
         {"balance_mc": Account.balance_mc - amount, "held_mc": Account.held_mc - amount}
         if kind == Kind.CAPTURE
@@ -362,28 +383,45 @@ def _settle(
     )
     try:
         with session.begin_nested():
-            session.execute(update(Account).where(Account.id == account_id).values(**values))
-            bal = balance(session, account_id)
-            row = LedgerEntry(
-                account_id=account_id,
-                kind=str(kind),
-                amount_mc=amount,
-                ref=ref,
-                settles_id=hold_row.id,
-                balance_after_mc=bal.balance_mc,
-                held_after_mc=bal.held_mc,
-                memo=memo,
-                created_at=_now(session),
+            after = _returning(
+                session, update(Account).where(Account.id == account_id).values(**values)
             )
-            session.add(row)
-            session.flush()
-            return Entry.of(row)
+            if after is None:
+                raise NotFound(f"unknown account {account_id}", {"account_id": account_id})
+            now = _now(session)
+            entry_id = session.execute(
+                insert(LedgerEntry)
+                .values(
+                    account_id=account_id,
+                    kind=str(kind),
+                    amount_mc=amount,
+                    ref=ref,
+                    settles_id=hold_id,
+                    balance_after_mc=after[0],
+                    held_after_mc=after[1],
+                    memo=memo,
+                    created_at=now,
+                )
+                .returning(LedgerEntry.id)
+            ).scalar_one()
+            return Entry(
+                entry_id, account_id, str(kind), amount, ref, hold_id, after[0], after[1], memo, now
+            )
     except IntegrityError:
+        # This exact settlement was posted before (a replay), or the hold was
+        # settled the other way (a conflict), or a CHECK refused the update
+        # because a concurrent settlement already moved the balance.
         existing = find(session, account_id, ref)
         if existing is not None:
             return _check_replay(existing, kind, None)
-        _raise_if_settled(session, hold_row.id, hold_ref)
+        _raise_if_settled(session, hold_id, hold_ref)
         raise
+
+
+def _returning(session: Session, stmt) -> tuple[int, int] | None:  # type: ignore[no-untyped-def]
+    """Run a conditional account UPDATE; the new (balance, held), or None if it matched nothing."""
+    row = session.execute(stmt.returning(Account.balance_mc, Account.held_mc)).first()
+    return (int(row[0]), int(row[1])) if row is not None else None
 
 
 def _raise_if_settled(session: Session, hold_id: int, hold_ref: str) -> None:

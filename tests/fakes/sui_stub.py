@@ -275,8 +275,9 @@ class FakeObject:
 @dataclass
 class Fault:
     method: str  # RPC name, e.g. "ExecuteTransaction"
-    action: str  # "raise" | "hang" | "status"
+    action: str  # "raise" | "hang" | "status" | "call" (run ``callback``, then answer normally)
     error: BaseException | None = None
+    callback: Callable[[], None] | None = None
     status: Status | None = None
     message: str = ""
     after: bool = False  # run the handler (commit) first, then fail: a lost response
@@ -1025,6 +1026,10 @@ class FakeChannel:
             fault.times -= 1
             if fault.after:
                 await handler(request)
+            if fault.action == "call":
+                assert fault.callback is not None
+                fault.callback()
+                return await handler(request)
             if fault.action == "hang":
                 await asyncio.Event().wait()
             if fault.action == "status":

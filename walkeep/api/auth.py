@@ -30,13 +30,19 @@ class KeyCache:
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[float, Caller]] = {}
 
-    def resolve(self, api_key: str) -> Caller:
+    def cached(self, api_key: str) -> Caller | None:
+        """A fresh cache hit, cheap enough to check on the event loop."""
         digest = hashlib.sha256(api_key.encode()).hexdigest()
-        now = time.monotonic()
         with self._lock:
             hit = self._cache.get(digest)
-            if hit and hit[0] > now:
-                return hit[1]
+        return hit[1] if hit and hit[0] > time.monotonic() else None
+
+    def resolve(self, api_key: str) -> Caller:
+        hit = self.cached(api_key)
+        if hit is not None:
+            return hit
+        digest = hashlib.sha256(api_key.encode()).hexdigest()
+        now = time.monotonic()
         principal = accounts.authenticate(self.rt.db, api_key)  # raises Unauthorized
         caller = Caller(principal.account_id, principal.default_namespace)
         with self._lock:
@@ -68,10 +74,12 @@ class BearerAccountMiddleware:
         token = bearer_token(headers.get(b"authorization", b"").decode("latin-1"))
         caller: Caller | None = None
         if token:
-            try:
-                caller = await anyio.to_thread.run_sync(self.keys.resolve, token)
-            except Unauthorized:
-                caller = None
+            caller = self.keys.cached(token)  # no thread hop on the hot path
+            if caller is None:
+                try:
+                    caller = await anyio.to_thread.run_sync(self.keys.resolve, token)
+                except Unauthorized:
+                    caller = None
         if caller is None:
             body = json.dumps(
                 Unauthorized(

@@ -212,6 +212,8 @@ class JobStatus:
     state: JobState
     blob: BlobObject | None = None
     error: str | None = None
+    # For PENDING: when polling again can first make a difference (None: unknown).
+    retry_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

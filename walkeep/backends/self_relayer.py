@@ -21,12 +21,13 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
-from dataclasses import asdict
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 
-from sqlalchemy import select, update
+from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from walkeep import ids
 from walkeep.backends.base import (
@@ -97,9 +98,42 @@ class SelfRelayer:
         self._health = None
 
     # --- writes ------------------------------------------------------------------------
-    def accept(
-        self, *, account_id: str, namespace: str, content: str, idempotency_key: str, epochs: int
+    def stage(self, *, account_id: str, namespace: str, content: str) -> _Staged:
+        """Everything that can happen before the caller's transaction: health, encryption
+        (which may create the account's data key in its own transaction)."""
+        self._require_healthy()
+        ciphertext = self.keyring.encrypt(account_id, content.encode("utf-8"))
+        return _Staged(account_id, namespace, ciphertext)
+
+    def accept_staged(
+        self, session: Session, staged: _Staged, *, idempotency_key: str, epochs: int
     ) -> str:
+        """Accept inside the caller's transaction: the job commits with the claim and hold.
+
+        The key is new per attempt; a duplicate violates the UNIQUE constraint and
+        aborts the caller's transaction (the caller then replays)."""
+        job = self._job(ids.new_job_id(), staged, idempotency_key, epochs, self.clock.now())
+        session.execute(
+            insert(WriteJob), [{c.key: getattr(job, c.key) for c in WriteJob.__table__.columns}]
+        )
+        return job.id
+
+    def _job(self, job_id: str, staged: _Staged, key: str, epochs: int, now) -> WriteJob:  # type: ignore[no-untyped-def]
+        return WriteJob(
+            id=job_id,
+            account_id=staged.account_id,
+            namespace=staged.namespace,
+            idempotency_key=key,
+            ciphertext=staged.ciphertext,
+            size_bytes=len(staged.ciphertext),
+            epochs=epochs,
+            status="pending",
+            not_before=now + timedelta(milliseconds=self.latency_ms),
+            created_at=now,
+            updated_at=now,
+        )
+
+    def _require_healthy(self) -> None:
         h = self.health()
         if not h.ok or h.writes == "paused":
             raise RelayerUnavailable(
@@ -107,25 +141,16 @@ class SelfRelayer:
                 "nothing was stored or billed — retry with the same request_id",
                 {"backend": self.name, "retry": True},
             )
+
+    def accept(
+        self, *, account_id: str, namespace: str, content: str, idempotency_key: str, epochs: int
+    ) -> str:
         existing = self.find_job(idempotency_key)
         if existing is not None:
             return existing
-        ciphertext = self.keyring.encrypt(account_id, content.encode("utf-8"))
-        now = self.clock.now()
+        staged = self.stage(account_id=account_id, namespace=namespace, content=content)
         job_id = ids.new_job_id()
-        job = WriteJob(
-            id=job_id,
-            account_id=account_id,
-            namespace=namespace,
-            idempotency_key=idempotency_key,
-            ciphertext=ciphertext,
-            size_bytes=len(ciphertext),
-            epochs=epochs,
-            status="pending",
-            not_before=now + timedelta(milliseconds=self.latency_ms),
-            created_at=now,
-            updated_at=now,
-        )
+        job = self._job(job_id, staged, idempotency_key, epochs, self.clock.now())
         try:
             with self.db.begin() as s:
                 s.add(job)
@@ -141,104 +166,150 @@ class SelfRelayer:
             return s.scalar(select(WriteJob.id).where(WriteJob.idempotency_key == idempotency_key))
 
     def poll(self, job_id: str) -> JobStatus:
-        with self.db.read() as s:
-            job = s.get(WriteJob, job_id)
-        if job is None:
-            return JobStatus(JobState.FAILED, error="unknown write job")
-        if job.status == "landed":
-            return JobStatus(JobState.LANDED, blob=_blob(job.result))
-        if job.status == "failed":
-            return JobStatus(JobState.FAILED, error=job.error)
-        now = self.clock.now()
-        if job.status == "pending" and now < job.not_before:
-            return JobStatus(JobState.PENDING)
-        if not self._lease(job_id, now):
-            return JobStatus(JobState.PENDING)  # someone else is working on it
-        try:
-            return self._work(job_id)
-        except Exception:
-            self._unlease(job_id)
-            raise
+        return self.poll_many([job_id])[job_id]
 
-    def _lease(self, job_id: str, now) -> bool:  # type: ignore[no-untyped-def]
+    def poll_many(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
+        """Where each write stands; due writes are worked here, as one batch.
+
+        Batching is what lets completion keep up with accepts: one lease
+        transaction, one embedding call for all the texts, one transaction to
+        record the uploads and one to mark them landed.
+        """
+        ids_ = list(dict.fromkeys(job_ids))
+        # Read only the small columns: the ciphertext is loaded when there is work.
+        with self.db.read() as s:
+            rows = s.execute(
+                select(
+                    WriteJob.id,
+                    WriteJob.status,
+                    WriteJob.not_before,
+                    WriteJob.result,
+                    WriteJob.error,
+                ).where(WriteJob.id.in_(ids_))
+            ).all()
+        out: dict[str, JobStatus] = {
+            j: JobStatus(JobState.FAILED, error="unknown write job") for j in ids_
+        }
+        now = self.clock.now()
+        due: list[str] = []
+        for r in rows:
+            if r.status == "landed":
+                out[r.id] = JobStatus(JobState.LANDED, blob=_blob(r.result))
+            elif r.status == "failed":
+                out[r.id] = JobStatus(JobState.FAILED, error=r.error)
+            elif r.status == "pending" and now < r.not_before:
+                out[r.id] = JobStatus(JobState.PENDING, retry_at=r.not_before)
+            else:
+                out[r.id] = JobStatus(JobState.PENDING)
+                due.append(r.id)
+        if due:
+            leased = self._lease(due, now)  # the others are being worked elsewhere
+            if leased:
+                try:
+                    out.update(self._work(leased))
+                except Exception:
+                    self._unlease(leased)
+                    raise
+        return out
+
+    def _lease(self, job_ids: list[str], now) -> list[str]:  # type: ignore[no-untyped-def]
         with self.db.begin() as s:
-            res = s.execute(
-                update(WriteJob)
-                .where(
-                    WriteJob.id == job_id,
-                    WriteJob.status.in_(["pending", "uploaded"]),
-                    (WriteJob.lease_until.is_(None)) | (WriteJob.lease_until < now),
-                )
-                .values(
-                    lease_until=now + timedelta(seconds=self.lease_seconds),
-                    attempts=WriteJob.attempts + 1,
-                    updated_at=now,
+            return list(
+                s.scalars(
+                    update(WriteJob)
+                    .where(
+                        WriteJob.id.in_(job_ids),
+                        WriteJob.status.in_(["pending", "uploaded"]),
+                        (WriteJob.lease_until.is_(None)) | (WriteJob.lease_until < now),
+                    )
+                    .values(
+                        lease_until=now + timedelta(seconds=self.lease_seconds),
+                        attempts=WriteJob.attempts + 1,
+                        updated_at=now,
+                    )
+                    .returning(WriteJob.id)
                 )
             )
-            return res.rowcount == 1
 
-    def _unlease(self, job_id: str) -> None:
+    def _unlease(self, job_ids: list[str]) -> None:
         with self.db.begin() as s:
-            s.execute(update(WriteJob).where(WriteJob.id == job_id).values(lease_until=None))
+            s.execute(update(WriteJob).where(WriteJob.id.in_(job_ids)).values(lease_until=None))
 
-    def _work(self, job_id: str) -> JobStatus:
+    def _work(self, job_ids: list[str]) -> dict[str, JobStatus]:
         with self.db.read() as s:
-            job = s.get(WriteJob, job_id)
-        assert job is not None
-        if job.status == "pending":
+            jobs = list(s.scalars(select(WriteJob).where(WriteJob.id.in_(job_ids))))
+        out: dict[str, JobStatus] = {}
+        ready: list[tuple[WriteJob, BlobObject]] = []
+        uploaded: list[dict[str, object]] = []
+        for job in jobs:
+            if job.status == "uploaded":
+                ready.append((job, _blob(job.result)))
+                continue
             if self.fail_next_jobs > 0:
                 with self._lock:
                     self.fail_next_jobs -= 1
-                return self._finish_failed(job_id, "injected failure (test hook)")
+                out[job.id] = self._finish_failed(job.id, "injected failure (test hook)")
+                continue
             assert job.ciphertext is not None
             try:
                 stored = self.store.put(job.ciphertext, epochs=job.epochs, owner=self.owner)
             except (QuotaExceeded, ValidationError) as exc:
-                return self._finish_failed(job_id, exc.message)
+                out[job.id] = self._finish_failed(job.id, exc.message)
+                continue
             except RelayerUnavailable as exc:
-                self.invalidate_health()
-                backoff = min(300, 2 ** min(job.attempts, 8))
-                with self.db.begin() as s:
-                    s.execute(
-                        update(WriteJob)
-                        .where(WriteJob.id == job_id)
-                        .values(
-                            lease_until=None,
-                            not_before=self.clock.now() + timedelta(seconds=backoff),
-                            error=exc.message[:1000],
-                        )
-                    )
-                return JobStatus(JobState.PENDING, error=exc.message)
+                out[job.id] = self._back_off(job, exc.message)
+                continue
             if not stored.newly_created:
                 # No Blob object of ours was created: nothing we could renew.
-                return self._finish_failed(
-                    job_id, "the publisher returned alreadyCertified without a Blob object for us"
+                out[job.id] = self._finish_failed(
+                    job.id, "the publisher returned alreadyCertified without a Blob object for us"
                 )
+                continue
+            uploaded.append({"id": job.id, "status": "uploaded", "result": asdict(stored.blob)})
+            ready.append((job, stored.blob))
+        now = self.clock.now()
+        if uploaded:
+            # Recorded before indexing: a crash while embedding never re-uploads.
             with self.db.begin() as s:
-                s.execute(
-                    update(WriteJob)
-                    .where(WriteJob.id == job_id)
-                    .values(
-                        status="uploaded", result=asdict(stored.blob), updated_at=self.clock.now()
-                    )
-                )
-            blob = stored.blob
-        else:
-            blob = _blob(job.result)
+                s.execute(update(WriteJob), [{**u, "updated_at": now} for u in uploaded])
+        if not ready:
+            return out
         # Index (embedding happens here: background, never on a request thread).
-        assert job.ciphertext is not None
-        plaintext = self.keyring.decrypt(job.account_id, job.ciphertext).decode("utf-8")
-        self.index.add(job.account_id, job.namespace, blob.blob_id, plaintext)
+        texts = [
+            (job, blob, self.keyring.decrypt(job.account_id, job.ciphertext or b"").decode("utf-8"))
+            for job, blob in ready
+        ]
+        self.index.add_many([(j.account_id, j.namespace, b.blob_id, t) for j, b, t in texts])
+        with self.db.begin() as s:
+            s.execute(
+                update(WriteJob),
+                [
+                    {
+                        "id": j.id,
+                        "status": "landed",
+                        "ciphertext": None,
+                        "lease_until": None,
+                        "updated_at": now,
+                    }
+                    for j, _, _ in texts
+                ],
+            )
+        for job, blob, text in texts:
+            self._remember(job.account_id, blob.blob_id, text)
+            out[job.id] = JobStatus(JobState.LANDED, blob=blob)
+        return out
+
+    def _back_off(self, job: WriteJob, reason: str) -> JobStatus:
+        self.invalidate_health()
+        backoff = min(300, 2 ** min(job.attempts, 8))
+        retry_at = self.clock.now() + timedelta(seconds=backoff)
         with self.db.begin() as s:
             s.execute(
                 update(WriteJob)
-                .where(WriteJob.id == job_id)
-                .values(
-                    status="landed", ciphertext=None, lease_until=None, updated_at=self.clock.now()
-                )
+                .where(WriteJob.id == job.id)
+                .values(lease_until=None, not_before=retry_at, error=reason[:1000])
             )
-        self._remember(job.account_id, blob.blob_id, plaintext)
-        return JobStatus(JobState.LANDED, blob=blob)
+        return JobStatus(JobState.PENDING, error=reason, retry_at=retry_at)
 
     def _finish_failed(self, job_id: str, reason: str) -> JobStatus:
         with self.db.begin() as s:
@@ -290,6 +361,13 @@ class SelfRelayer:
             except NotFound:
                 continue
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Staged:
+    account_id: str
+    namespace: str
+    ciphertext: bytes
 
 
 def _blob(result: dict | None) -> BlobObject:  # type: ignore[type-arg]

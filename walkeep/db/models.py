@@ -84,6 +84,12 @@ class Account(Base):
     # Cached from ledger_entries, updated in the same transaction as each entry.
     balance_mc: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     held_mc: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # Usage counters for quotas, updated in the same transaction as every memory
+    # status change that alters what is stored (walkeep/usage.py), so quota
+    # checks are O(1) under the account lock instead of scanning memories.
+    usage_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    usage_day: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    usage_day_stores: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     created_at: Mapped[datetime]
     disabled_at: Mapped[datetime | None]
 

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import StrEnum
 
-from sqlalchemy import select, update
+from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from walkeep import ledger, lifecycle
+from walkeep import ledger, lifecycle, usage
 from walkeep.backends.base import BlobObject, JobState, JobStatus
 from walkeep.db.models import Blob, Memory, Request
 from walkeep.errors import WalkeepError
@@ -47,65 +47,126 @@ class Outcome(StrEnum):
 
 
 def settle(rt: Runtime, memory_id: str) -> Outcome:
+    return settle_many(rt, [memory_id])[memory_id][0]
+
+
+BATCH = 64
+
+
+def settle_many(rt: Runtime, memory_ids: list[str]) -> dict[str, tuple[Outcome, float | None]]:
+    """``settle`` for many memories at once: one poll of the relayer for all their
+    jobs, one transaction to register everything that landed."""
+    out: dict[str, tuple[Outcome, float | None]] = {m: (Outcome.SETTLED, None) for m in memory_ids}
     with rt.db.read() as s:
-        memory = s.get(Memory, memory_id)
-    if memory is None or memory.status != MemoryStatus.STORING or memory.job_id is None:
-        return Outcome.SETTLED
-    now = rt.clock.now()
+        memories = [
+            m
+            for m in s.scalars(select(Memory).where(Memory.id.in_(memory_ids)))
+            if m.status == MemoryStatus.STORING and m.job_id is not None
+        ]
+    if not memories:
+        return out
+    jobs = [m.job_id for m in memories if m.job_id]
     try:
-        status = rt.relayer.poll(memory.job_id)
+        poll_many = getattr(rt.relayer, "poll_many", None)
+        statuses = poll_many(jobs) if poll_many else {j: rt.relayer.poll(j) for j in jobs}
     except WalkeepError as exc:
-        log.info("poll of %s for %s failed (%s); will retry", memory.job_id, memory_id, exc.message)
-        status = JobStatus(JobState.PENDING)
-    if status.state == JobState.LANDED and status.blob is not None:
-        return _register(rt, memory, status.blob)
-    if status.state == JobState.FAILED:
-        return _fail(rt, memory, status.error or "the write failed")
-    if now >= memory.deadline_at:
-        return _fail(rt, memory, "the write did not land before its deadline")
-    return Outcome.PENDING
+        log.info("polling %d writes failed (%s); will retry", len(jobs), exc.message)
+        statuses = {}
+    now = rt.clock.now()
+    landed: list[tuple[Memory, BlobObject]] = []
+    for m in memories:
+        st = statuses.get(m.job_id or "", JobStatus(JobState.PENDING))
+        if st.state == JobState.LANDED and st.blob is not None:
+            landed.append((m, st.blob))
+        elif st.state == JobState.FAILED:
+            out[m.id] = (_fail(rt, m, st.error or "the write failed"), None)
+        elif now >= m.deadline_at:
+            out[m.id] = (_fail(rt, m, "the write did not land before its deadline"), None)
+        else:
+            hint = None
+            if st.retry_at is not None:
+                hint = (min(st.retry_at, m.deadline_at) - now).total_seconds()
+            out[m.id] = (Outcome.PENDING, hint)
+    if landed:
+        try:
+            out.update({m.id: (o, None) for m, o in _register_batch(rt, landed)})
+        except Exception:
+            log.exception("registering a batch failed; registering one by one")
+            for m, blob in landed:
+                out[m.id] = (_register(rt, m, blob), None)
+    return out
+
+
+def _register_batch(
+    rt: Runtime, landed: list[tuple[Memory, BlobObject]]
+) -> list[tuple[Memory, Outcome]]:
+    now = rt.clock.now()
+    results = []
+    with rt.db.begin() as s:
+        for memory, blob in landed:
+            results.append((memory, _register_in(rt, s, memory, blob, now)))
+    return results
 
 
 def _register(rt: Runtime, memory: Memory, blob: BlobObject) -> Outcome:
-    """Capture + register in one transaction (or record an orphan if we gave up)."""
-    now = rt.clock.now()
-    threshold = rt.settings.renew_threshold_epochs
     with rt.db.begin() as s:
-        current = s.get(Memory, memory.id)
-        if current is None:
-            return Outcome.SETTLED
-        blob_pk = _upsert_blob(
-            s, memory.account_id, blob, now, threshold, live=current.status == MemoryStatus.STORING
+        return _register_in(rt, s, memory, blob, rt.clock.now())
+
+
+def _register_in(rt: Runtime, s, memory: Memory, blob: BlobObject, now) -> Outcome:  # type: ignore[no-untyped-def]
+    """Capture + register (or record an orphan if we gave up), in the caller's transaction."""
+    threshold = rt.settings.renew_threshold_epochs
+    state = s.execute(
+        select(Memory.status, Memory.attempt, Memory.forgotten_at).where(Memory.id == memory.id)
+    ).first()
+    if state is None:
+        return Outcome.SETTLED
+    live = state.status == MemoryStatus.STORING and state.attempt == memory.attempt
+    blob_pk = _upsert_blob(s, memory.account_id, blob, now, threshold, live=live)
+    if not live:
+        # We already gave up on this attempt (deadline): the blob is an
+        # orphan, never renewed; nothing is billed for it.
+        return Outcome.SETTLED
+    ledger.capture(
+        s, memory.account_id, hold_ref(memory.id, memory.attempt), memo=f"stored {memory.id}"
+    )
+    s.execute(
+        update(Memory)
+        .where(Memory.id == memory.id)
+        .values(
+            status=MemoryStatus.NO_RENEW if state.forgotten_at else MemoryStatus.ACTIVE,
+            blob_pk=blob_pk,
+            stored_at=now,
+            status_changed_at=now,
         )
-        if current.status != MemoryStatus.STORING or current.attempt != memory.attempt:
-            # We already gave up on this attempt (deadline): the blob is an
-            # orphan, never renewed; nothing is billed for it.
-            return Outcome.SETTLED
-        ledger.capture(
-            s, memory.account_id, hold_ref(memory.id, memory.attempt), memo=f"stored {memory.id}"
-        )
-        status = MemoryStatus.NO_RENEW if current.forgotten_at else MemoryStatus.ACTIVE
-        current.status = status
-        current.blob_pk = blob_pk
-        current.stored_at = now
-        current.status_changed_at = now
-        s.execute(
-            update(Request)
-            .where(Request.account_id == memory.account_id, Request.memory_id == memory.id)
-            .values(status="done", updated_at=now)
-        )
+    )
+    s.execute(
+        update(Request)
+        .where(Request.account_id == memory.account_id, Request.memory_id == memory.id)
+        .values(status="done", updated_at=now)
+    )
     return Outcome.LANDED
 
 
 def _upsert_blob(s, account_id: str, obj: BlobObject, now, threshold: int, *, live: bool) -> int:  # type: ignore[no-untyped-def]
     """The blob row for this landed object, reusing the account's existing live blob
     with the same blob_id (identical content shares one renewal)."""
-    existing = s.scalar(select(Blob).where(Blob.blob_object_id == obj.blob_object_id))
+    existing = s.execute(
+        select(Blob.id, Blob.status).where(Blob.blob_object_id == obj.blob_object_id)
+    ).first()
     if existing is not None:
+        if live and existing.status == BlobStatus.ORPHAN:
+            # The sweep saw this object before its write was registered: adopt it.
+            s.execute(
+                update(Blob)
+                .where(Blob.id == existing.id)
+                .values(status=BlobStatus.LIVE, account_id=account_id, updated_at=now)
+            )
         return int(existing.id)
+    shared = None
     if live:
         shared = s.scalar(
-            select(Blob)
+            select(Blob.id)
             .where(
                 Blob.account_id == account_id,
                 Blob.blob_id == obj.blob_id,
@@ -115,31 +176,28 @@ def _upsert_blob(s, account_id: str, obj: BlobObject, now, threshold: int, *, li
             .order_by(Blob.end_epoch.desc())
             .limit(1)
         )
-    else:
-        shared = None
-    row = Blob(
-        account_id=account_id,
-        blob_id=obj.blob_id,
-        blob_object_id=obj.blob_object_id,
-        size_bytes=obj.size,
-        storage_size=obj.storage_size,
-        registered_epoch=obj.registered_epoch,
-        end_epoch=obj.end_epoch,
+    row = {
+        "account_id": account_id,
+        "blob_id": obj.blob_id,
+        "blob_object_id": obj.blob_object_id,
+        "size_bytes": obj.size,
+        "storage_size": obj.storage_size,
+        "registered_epoch": obj.registered_epoch,
+        "end_epoch": obj.end_epoch,
         # A duplicate object of content we already keep alive is left to lapse.
-        status=BlobStatus.LIVE if live and shared is None else BlobStatus.ORPHAN,
-        next_renewal_epoch=lifecycle.next_renewal_epoch(obj.end_epoch, threshold),
-        created_at=now,
-        updated_at=now,
-    )
+        "status": BlobStatus.LIVE if live and shared is None else BlobStatus.ORPHAN,
+        "next_renewal_epoch": lifecycle.next_renewal_epoch(obj.end_epoch, threshold),
+        "created_at": now,
+        "updated_at": now,
+    }
     try:
         with s.begin_nested():
-            s.add(row)
-            s.flush()
+            new_id = s.execute(insert(Blob).values(**row).returning(Blob.id)).scalar_one()
     except IntegrityError:
-        again = s.scalar(select(Blob).where(Blob.blob_object_id == obj.blob_object_id))
+        again = s.scalar(select(Blob.id).where(Blob.blob_object_id == obj.blob_object_id))
         assert again is not None
-        return int(again.id)
-    return int(shared.id) if shared is not None else int(row.id)
+        return int(again)
+    return int(shared) if shared is not None else int(new_id)
 
 
 def _fail(rt: Runtime, memory: Memory, reason: str) -> Outcome:
@@ -157,6 +215,7 @@ def _fail(rt: Runtime, memory: Memory, reason: str) -> Outcome:
         if res.rowcount != 1:
             return Outcome.SETTLED
         ledger.release(s, memory.account_id, hold_ref(memory.id, memory.attempt), memo=reason[:200])
+        usage.release(s, memory.account_id, memory.size_bytes)
         s.execute(
             update(Request)
             .where(Request.account_id == memory.account_id, Request.memory_id == memory.id)
@@ -207,6 +266,7 @@ def recover_accepting(rt: Runtime, memory_id: str) -> Outcome:
         if res.rowcount != 1:
             return Outcome.SETTLED
         ledger.release(s, memory.account_id, hold_ref(memory.id, memory.attempt))
+        usage.release(s, memory.account_id, memory.size_bytes)
         s.execute(
             update(Request)
             .where(Request.account_id == memory.account_id, Request.memory_id == memory.id)
@@ -262,20 +322,18 @@ def complete_writes(
         if recover_accepting(rt, mid) != Outcome.SETTLED:
             report.recovered += 1
     stop = rt.extras.get("stop")
-    for mid in storing:
+    for i in range(0, len(storing), BATCH):
         if stop is not None and stop.is_set():
             break
+        batch = storing[i : i + BATCH]
         try:
-            outcome = settle(rt, mid)
+            outcomes = [o for o, _ in settle_many(rt, batch).values()]
         except Exception:
-            log.exception("settling %s failed; will retry", mid)
-            outcome = Outcome.PENDING
-        if outcome == Outcome.LANDED:
-            report.landed += 1
-        elif outcome == Outcome.FAILED:
-            report.failed += 1
-        elif outcome == Outcome.PENDING:
-            report.pending += 1
+            log.exception("settling %d writes failed; will retry", len(batch))
+            outcomes = [Outcome.PENDING] * len(batch)
+        report.landed += outcomes.count(Outcome.LANDED)
+        report.failed += outcomes.count(Outcome.FAILED)
+        report.pending += outcomes.count(Outcome.PENDING)
     return report
 
 
@@ -295,6 +353,8 @@ class Completer:
     """
 
     MAX_DELAY = 5.0
+    # How long to sleep when the relayer says when a write can first be due.
+    MAX_HINTED_DELAY = 60.0
 
     def __init__(self, rt: Runtime, *, threads: int = 2) -> None:
         self.rt = rt

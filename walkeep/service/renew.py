@@ -36,7 +36,7 @@ from datetime import timedelta
 from sqlalchemy import exists, select, update
 from sqlalchemy.orm import Session
 
-from walkeep import ledger, lifecycle, metrics, pricing
+from walkeep import ledger, lifecycle, metrics, pricing, usage
 from walkeep.backends.base import ChainError, ChainRejected, ChainUnavailable, PreparedTx, TxEffects
 from walkeep.db.models import Account, Blob, Memory, Renewal, RenewalItem
 from walkeep.errors import InsufficientBalance
@@ -167,7 +167,9 @@ def _due_query(rt: Runtime, current: int, now):  # type: ignore[no-untyped-def]
         .limit(rt.settings.renew_batch)
     )
     if rt.db.is_postgres:
-        q = q.with_for_update(skip_locked=True, of=Blob)
+        # NO KEY UPDATE: compatible with the KEY SHARE locks of concurrent
+        # foreign-key inserts (memories being registered on these blobs).
+        q = q.with_for_update(skip_locked=True, of=Blob, key_share=True)
     return q
 
 
@@ -197,7 +199,7 @@ def _claim_batch(rt: Runtime, current: int, worker: str, report: RenewReport) ->
             entries = by_account[account_id]
             lock = select(Account.balance_mc, Account.held_mc).where(Account.id == account_id)
             if rt.db.is_postgres:
-                lock = lock.with_for_update()
+                lock = lock.with_for_update(key_share=True)
             row = s.execute(lock).one()
             available = row[0] - row[1]
             spent = 0
@@ -489,6 +491,8 @@ def sweep(rt: Runtime) -> SweepReport:
         lapsed = select(Blob.id).where(Blob.end_epoch <= current, Blob.status != BlobStatus.EXPIRED)
         lapsed_ids = list(s.scalars(lapsed))
         if lapsed_ids:
+            kept = [MemoryStatus.ACTIVE, MemoryStatus.PAUSED, MemoryStatus.NO_RENEW]
+            usage.release_many(s, [Memory.blob_pk.in_(lapsed_ids), Memory.status.in_(kept)])
             res = s.execute(
                 update(Memory)
                 .where(

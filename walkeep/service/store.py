@@ -30,12 +30,12 @@ import logging
 import time
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, insert, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from walkeep import ids, ledger, pricing
-from walkeep.db.models import Account, Memory, Request
+from walkeep import ids, ledger, pricing, usage
+from walkeep.db.models import Memory, Request
 from walkeep.errors import (
     InsufficientBalance,
     QuotaExceeded,
@@ -117,6 +117,11 @@ def store(
     cost_mc = pricing.store_cost_mc(size, s.store_price_mc_per_64kib)
 
     deadline = time.monotonic() + JOIN_WAIT_SECONDS
+    # Optimistic: a new request_id is the common case, so claim first; the
+    # UNIQUE constraint tells us (cheaply) when it is a replay instead.
+    claimed = _claim(rt, account_id, request_id, fp, namespace, md, size, content, cost_mc)
+    if claimed is not None:
+        return _accept(rt, claimed, content, attempt=1)
     while True:
         with rt.db.read() as sess:
             existing = idempotency.find(sess, account_id, TOOL, request_id)
@@ -173,15 +178,33 @@ def _claim(
     content: str,
     cost_mc: int,
 ) -> Memory | None:
-    """Claim the request id, check usage quotas and hold the price, atomically."""
+    """Claim the request id, check usage quotas and hold the price, atomically.
+
+    Returns None if the request id already exists (a replay, or a racer won).
+    The request row is inserted first so that a replay is recognised before
+    any quota or balance check could refuse it.
+    """
     now = rt.clock.now()
     memory_id = ids.new_memory_id()
+    staged = _stage(rt, account_id, namespace, content)
+    memory = Memory(
+        id=memory_id,
+        account_id=account_id,
+        namespace=namespace,
+        metadata_=md,
+        size_bytes=size,
+        content_hash=_content_hash(content),
+        status=MemoryStatus.ACCEPTING,
+        cost_mc=cost_mc,
+        attempt=1,
+        accepted_at=now,
+        deadline_at=now + timedelta(seconds=rt.settings.completion_deadline_seconds),
+        status_changed_at=now,
+    )
     try:
         with rt.db.begin() as sess:
-            _lock_account(sess, account_id)
-            _check_usage(rt, sess, account_id, size, now)
-            sess.add(
-                Request(
+            sess.execute(
+                insert(Request).values(
                     account_id=account_id,
                     tool=TOOL,
                     request_id=request_id,
@@ -192,26 +215,31 @@ def _claim(
                     updated_at=now,
                 )
             )
-            sess.flush()
+            _check_usage(rt, sess, account_id, size, now)
             _hold(rt, sess, account_id, memory_id, 1, cost_mc)
-            memory = Memory(
-                id=memory_id,
-                account_id=account_id,
-                namespace=namespace,
-                metadata_=md,
-                size_bytes=size,
-                content_hash=_content_hash(content),
-                status=MemoryStatus.ACCEPTING,
-                cost_mc=cost_mc,
-                attempt=1,
-                accepted_at=now,
-                deadline_at=now + timedelta(seconds=rt.settings.completion_deadline_seconds),
-                status_changed_at=now,
-            )
-            sess.add(memory)
+            _accept_in(rt, sess, memory, staged, 1)
+            sess.execute(insert(Memory), [_row(memory)])
         return memory
     except IntegrityError:
-        return None  # the request id was claimed concurrently
+        return None  # the request id exists: replay
+
+
+def _row(m: Memory) -> dict[str, object]:
+    return {
+        "id": m.id,
+        "account_id": m.account_id,
+        "namespace": m.namespace,
+        "metadata_": m.metadata_,
+        "size_bytes": m.size_bytes,
+        "content_hash": m.content_hash,
+        "status": m.status,
+        "cost_mc": m.cost_mc,
+        "attempt": m.attempt,
+        "job_id": m.job_id,
+        "accepted_at": m.accepted_at,
+        "deadline_at": m.deadline_at,
+        "status_changed_at": m.status_changed_at,
+    }
 
 
 def _reclaim_failed(
@@ -220,8 +248,8 @@ def _reclaim_failed(
     """Retry a terminally failed store under the same request_id (never poisoned)."""
     now = rt.clock.now()
     attempt = memory.attempt + 1
+    staged = _stage(rt, memory.account_id, memory.namespace, content)
     with rt.db.begin() as sess:
-        _lock_account(sess, memory.account_id)
         res = sess.execute(
             update(Memory)
             .where(
@@ -241,7 +269,7 @@ def _reclaim_failed(
         )
         if res.rowcount != 1:
             return None  # someone else is retrying it
-        _check_usage(rt, sess, memory.account_id, memory.size_bytes, now, exclude=memory.id)
+        _check_usage(rt, sess, memory.account_id, memory.size_bytes, now)
         _hold(rt, sess, memory.account_id, memory.id, attempt, cost_mc)
         sess.execute(
             update(Request)
@@ -250,11 +278,43 @@ def _reclaim_failed(
         )
         fresh = sess.get(Memory, memory.id)
         assert fresh is not None
+        _accept_in(rt, sess, fresh, staged, attempt)
         return fresh
+
+
+def _stage(rt: Runtime, account_id: str, namespace: str, content: str) -> object | None:
+    """Prepare a write outside any transaction (encryption, key creation, health).
+
+    Relayers that keep their jobs in Walkeep's own database (the self-run
+    relayer) then accept *inside* the claim transaction: claim, hold and
+    accept commit together, so there is no window in which a claim exists
+    without its write.
+    """
+    stage = getattr(rt.relayer, "stage", None)
+    return stage(account_id=account_id, namespace=namespace, content=content) if stage else None
+
+
+def _accept_in(
+    rt: Runtime, sess: Session, memory: Memory, staged: object | None, attempt: int
+) -> None:
+    if staged is None:
+        return
+    memory.job_id = rt.relayer.accept_staged(  # type: ignore[attr-defined]
+        sess, staged, idempotency_key=job_key(memory.id, attempt), epochs=rt.settings.initial_epochs
+    )
+    memory.status = MemoryStatus.STORING
 
 
 def _accept(rt: Runtime, memory: Memory, content: str, *, attempt: int) -> StoreResult:
     """Hand the write to the relayer; on failure undo the claim so nothing is billed."""
+    note = (
+        "Accepted — the memory is being written to Walrus and will be billed once it lands. "
+        "It becomes recallable shortly; check_runway(memory_id) confirms durability."
+    )
+    if memory.status == MemoryStatus.STORING:  # accepted within the claim transaction
+        if rt.completer is not None:
+            rt.completer.submit(memory.id)
+        return _result(memory, "storing", note)
     try:
         job_id = rt.relayer.accept(
             account_id=memory.account_id,
@@ -283,18 +343,14 @@ def _accept(rt: Runtime, memory: Memory, content: str, *, attempt: int) -> Store
         )
     if rt.completer is not None:
         rt.completer.submit(memory.id)
-    return _result(
-        memory,
-        "storing",
-        "Accepted — the memory is being written to Walrus and will be billed once it lands. "
-        "It becomes recallable shortly; check_runway(memory_id) confirms durability.",
-    )
+    return _result(memory, "storing", note)
 
 
 def _undo_claim(rt: Runtime, memory: Memory, attempt: int, reason: str) -> None:
     now = rt.clock.now()
     with rt.db.begin() as sess:
         ledger.release(sess, memory.account_id, hold_ref(memory.id, attempt))
+        usage.release(sess, memory.account_id, memory.size_bytes)
         if attempt == 1:
             sess.execute(
                 delete(Request).where(
@@ -345,57 +401,15 @@ def _hold(
         ) from exc
 
 
-def _lock_account(sess: Session, account_id: str) -> None:
-    """Serialise one account's accepts so usage quotas are exact (SQLite: BEGIN IMMEDIATE)."""
-    q = select(Account.id).where(Account.id == account_id)
-    if sess.get_bind().dialect.name == "postgresql":
-        q = q.with_for_update()
-    if sess.execute(q).first() is None:
-        from walkeep.errors import NotFound
-
-        raise NotFound("unknown account", {"account_id": account_id})
-
-
-def _check_usage(
-    rt: Runtime,
-    sess: Session,
-    account_id: str,
-    size: int,
-    now: datetime,
-    exclude: str | None = None,
-) -> None:
-    s = rt.settings
-    live = Memory.status.not_in([MemoryStatus.FAILED, MemoryStatus.EXPIRED])
-    cond = [Memory.account_id == account_id, live]
-    if exclude:
-        cond.append(Memory.id != exclude)
-    total = sess.scalar(select(func.coalesce(func.sum(Memory.size_bytes), 0)).where(*cond)) or 0
-    if total + size > s.max_total_bytes:
-        raise QuotaExceeded(
-            f"storing this would bring the account to {total + size} bytes; "
-            f"the limit is {s.max_total_bytes}",
-            {
-                "limit": "max_total_bytes",
-                "limit_bytes": s.max_total_bytes,
-                "used_bytes": int(total),
-            },
-        )
-    day_start = now.replace(hour=0, minute=0, second=0, microsecond=0)
-    today = (
-        sess.scalar(
-            select(func.count()).select_from(Memory).where(*cond, Memory.accepted_at >= day_start)
-        )
-        or 0
+def _check_usage(rt: Runtime, sess: Session, account_id: str, size: int, now: datetime) -> None:
+    usage.check_and_add(
+        sess,
+        account_id,
+        size,
+        now,
+        max_total_bytes=rt.settings.max_total_bytes,
+        max_stores_per_day=rt.settings.max_stores_per_day,
     )
-    if today >= s.max_stores_per_day:
-        raise QuotaExceeded(
-            f"daily store limit of {s.max_stores_per_day} reached (resets at 00:00 UTC)",
-            {
-                "limit": "max_stores_per_day",
-                "limit_count": s.max_stores_per_day,
-                "used_count": int(today),
-            },
-        )
 
 
 def _content_hash(content: str) -> str:

@@ -1,0 +1,201 @@
+"""Store-accept throughput and latency through MCP over HTTP, embedded default.
+
+Starts ``walkeep serve`` (SQLite, local network, in-process worker) in a
+separate process on a fresh data dir, then runs N concurrent MCP clients
+(the official SDK client, Streamable HTTP) calling ``store`` with distinct
+request ids for a fixed duration. Prints accepts/s, p50/p99 latency, and how
+many of the accepted writes had landed by the end (completion runs in the
+background concurrently, on the same two cores).
+
+    python bench/store.py [--clients 16] [--seconds 20] [--client sdk|wire]
+
+Two load generators, both speaking MCP Streamable HTTP to ``/mcp``:
+- ``sdk``: the official ``mcp`` Python client (what agents' hosts run); it costs
+  the benchmark ~5 ms of CPU per call, on the same two cores as the server;
+- ``wire``: a lean client posting the same JSON-RPC ``tools/call`` requests
+  (stateless, protocol 2025-11-25) with httpx, so the figure reflects the server.
+
+Target (issue 4): at least 200 accepts/s with 16 clients on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import anyio
+import httpx
+import httpx2
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(data_dir: Path, port: int) -> subprocess.Popen[bytes]:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("WALKEEP_", "STRIPE_"))},
+        **(
+            {"WALKEEP_LOCAL_WRITE_LATENCY_MS": os.environ["BENCH_LATENCY_MS"]}
+            if "BENCH_LATENCY_MS" in os.environ
+            else {}
+        ),
+        "WALKEEP_DATA_DIR": str(data_dir),
+        "WALKEEP_PROMO_CREDITS_USD": "10000",
+        "WALKEEP_MAX_STORES_PER_DAY": "10000000",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "walkeep.cli", "serve", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    raise SystemExit("server did not start")
+
+
+async def client_loop(
+    url: str, key: str, cid: int, until: float, lat: list[float], errors: list[str]
+) -> None:
+    async with (
+        httpx2.AsyncClient(
+            headers={"Authorization": f"Bearer {key}"}, timeout=httpx2.Timeout(60)
+        ) as http,
+        Client(streamable_http_client(url, http_client=http)) as c,
+    ):  # type: ignore[arg-type]
+        i = 0
+        while time.monotonic() < until:
+            t0 = time.perf_counter()
+            r = await c.call_tool(
+                "store",
+                {
+                    "content": f"client {cid} fact {i}: the build server is in rack {i % 40}",
+                    "request_id": f"c{cid}-{i}",
+                },
+            )
+            dt = time.perf_counter() - t0
+            if r.is_error:
+                errors.append(str((r.structured_content or {}).get("code")))
+            else:
+                lat.append(dt)
+            i += 1
+
+
+async def wire_loop(
+    url: str, key: str, cid: int, until: float, lat: list[float], errors: list[str]
+) -> None:
+    headers = {
+        "Authorization": f"Bearer {key}",
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": "2025-11-25",
+    }
+    async with httpx.AsyncClient(headers=headers, timeout=60) as http:
+        i = 0
+        while time.monotonic() < until:
+            body = {
+                "jsonrpc": "2.0",
+                "id": i,
+                "method": "tools/call",
+                "params": {
+                    "name": "store",
+                    "arguments": {
+                        "content": f"client {cid} fact {i}: the build server is in rack {i % 40}",
+                        "request_id": f"w{cid}-{i}",
+                    },
+                },
+            }
+            t0 = time.perf_counter()
+            r = (await http.post(url, json=body)).json()["result"]
+            dt = time.perf_counter() - t0
+            if r.get("isError"):
+                errors.append(str(r["structuredContent"]["code"]))
+            else:
+                lat.append(dt)
+            i += 1
+
+
+async def run(
+    url: str, key: str, clients: int, seconds: float, kind: str = "sdk"
+) -> tuple[list[float], list[str], float]:
+    lat: list[float] = []
+    errors: list[str] = []
+    # Warm up one call (model loads lazily in the server's completer, not here).
+    async with (
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}) as http,
+        Client(
+            streamable_http_client(url, http_client=http)  # type: ignore[arg-type]
+        ) as c,
+    ):
+        await c.call_tool("check_balance", {})
+    start = time.monotonic()
+    until = start + seconds
+    async with anyio.create_task_group() as tg:
+        for cid in range(clients):
+            tg.start_soon(
+                wire_loop if kind == "wire" else client_loop, url, key, cid, until, lat, errors
+            )
+    return lat, errors, time.monotonic() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--seconds", type=float, default=20)
+    ap.add_argument("--client", choices=["sdk", "wire"], default="sdk")
+    args = ap.parse_args()
+    data_dir = Path(tempfile.mkdtemp(prefix="walkeep-bench-"))
+    port = free_port()
+    proc = start_server(data_dir, port)
+    try:
+        creds = json.loads((data_dir / "credentials.json").read_text())
+        url = f"http://127.0.0.1:{port}/mcp"
+        lat, errors, elapsed = anyio.run(
+            run, url, creds["api_key"], args.clients, args.seconds, args.client
+        )
+        time.sleep(2)
+        runway = httpx.get(
+            f"http://127.0.0.1:{port}/v1/check_runway",
+            headers={"Authorization": f"Bearer {creds['api_key']}"},
+            timeout=60,
+        ).json()["account"]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    lat.sort()
+    n = len(lat)
+    print(
+        f"client={args.client} clients={args.clients} duration={elapsed:.1f}s accepted={n} errors={len(errors)} {sorted(set(errors))}"
+    )
+    print(f"throughput: {n / elapsed:.0f} accepts/s")
+    print(
+        f"latency: p50 {statistics.median(lat) * 1000:.1f} ms, "
+        f"p99 {lat[int(n * 0.99) - 1] * 1000:.1f} ms, max {lat[-1] * 1000:.1f} ms"
+    )
+    print(
+        f"landed by the end (+2 s): {runway['active']} of {n} (completion runs in the background)"
+    )
+    print(f"target >= 200 accepts/s: {'PASS' if n / elapsed >= 200 else 'MISS'}")
+
+
+if __name__ == "__main__":
+    main()

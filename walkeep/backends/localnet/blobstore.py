@@ -1,0 +1,30 @@
+"""The ``BlobStore`` port over the local network: an in-process Walrus publisher.
+
+Writes always use ``force=True`` (a fresh Blob object the owner controls and
+can renew), as Walkeep does against real publishers (notes §0.6).
+"""
+
+from __future__ import annotations
+
+from walkeep.backends.base import Health, StoredBlob
+from walkeep.backends.localnet.engine import LocalNetwork
+
+
+class LocalBlobStore:
+    """``BlobStore`` implementation for ``WALKEEP_RELAYER=local``."""
+
+    name = "local"
+
+    def __init__(self, network: LocalNetwork) -> None:
+        self.localnet = network
+
+    def put(self, data: bytes, *, epochs: int, owner: str) -> StoredBlob:
+        return self.localnet.store_blob(data, epochs=epochs, owner=owner, force=True)
+
+    def get(self, blob_id: str) -> bytes:
+        return self.localnet.read_blob(blob_id)
+
+    def health(self) -> Health:
+        if self.localnet.faults.unreachable:
+            return Health(ok=False, writes="paused", detail="local network unreachable")
+        return Health(ok=True)

@@ -1,0 +1,57 @@
+"""The ``Chain`` port over the local network (DESIGN §2).
+
+A thin adapter: every rule lives in :class:`LocalNetwork`; this class fixes
+the sender to the server wallet (the address that owns every Blob Walkeep
+renews) and points explorer links at the local explorer served by Walkeep
+(or ``walkeep devnet``) under ``{public_url}/explorer/…``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from walkeep.backends.base import BlobObject, EpochInfo, PreparedTx, TxEffects
+from walkeep.backends.localnet.engine import NETWORK, LocalNetwork
+
+
+class LocalChain:
+    """``Chain`` implementation for ``WALKEEP_NETWORK=local``."""
+
+    network = NETWORK
+
+    def __init__(self, network: LocalNetwork, *, public_url: str) -> None:
+        self.localnet = network
+        self.public_url = public_url.rstrip("/")
+
+    def current_epoch(self) -> int:
+        return self.localnet.current_epoch()
+
+    def epoch_info(self) -> EpochInfo:
+        return self.localnet.epoch_info()
+
+    def owner_address(self) -> str:
+        return self.localnet.server_address
+
+    def storage_price_frost(self) -> int:
+        return self.localnet.storage_price_frost()
+
+    def get_blob(self, blob_object_id: str) -> BlobObject | None:
+        return self.localnet.get_object(blob_object_id)
+
+    def owned_blobs(self) -> Iterator[BlobObject]:
+        return self.localnet.owned_blobs(self.localnet.server_address)
+
+    def prepare_extend(self, items: Sequence[tuple[str, int]]) -> PreparedTx:
+        return self.localnet.prepare_extend(self.localnet.server_address, items)
+
+    def execute(self, tx: PreparedTx) -> TxEffects:
+        return self.localnet.execute(tx)
+
+    def get_transaction(self, digest: str) -> TxEffects | None:
+        return self.localnet.get_transaction(digest)
+
+    def explorer_tx_url(self, digest: str) -> str:
+        return f"{self.public_url}/explorer/tx/{digest}"
+
+    def explorer_object_url(self, object_id: str) -> str:
+        return f"{self.public_url}/explorer/object/{object_id}"

@@ -1,0 +1,1356 @@
+"""The local network: a simulated Walrus + Sui that behaves like the real thing.
+
+Why a model and not a stub: Walkeep's money and lifecycle rules only mean
+something against a chain that enforces Walrus's rules, so the local network
+enforces them (notes/walrus-sui.md §2.2):
+
+- epochs advance on a clock (``floor((now - genesis) / epoch_seconds)``);
+- a blob is readable while ``current_epoch < end_epoch`` (``end_epoch`` is
+  exclusive) and gone afterwards;
+- ``extend_blob`` refuses an expired blob, ``k <= 0`` and anything that would
+  put ``end_epoch`` more than 53 epochs ahead; a transaction extending many
+  blobs applies all of its calls or none;
+- storage is priced like Walrus: ``ceil(encoded_size / 1 MiB) × price × epochs``
+  with the real RS2 encoded size (~63 MiB units for a tiny blob);
+- transaction digests are computed the way Sui computes them,
+  ``base58(blake2b256(b"TransactionData::" ‖ tx_bytes))``, over a deterministic
+  BCS-style encoding, so a digest is known before submission and can be
+  re-derived by anyone holding the bytes; re-executing a digest returns the
+  recorded effects and changes nothing;
+- like Sui, a transaction names the *version* of every owned object it
+  mutates, so a prepared transaction that went stale (the blob was extended
+  by another transaction in between) is refused instead of applied twice.
+
+Deliberate simplifications (documented, not hidden):
+
+- Blob ids use Walrus's layout ``blake2b256(u8 RS2=1 ‖ u64le size ‖ root)``
+  but ``root`` is ``blake2b256(data)``; real Walrus hashes the RedStuff
+  Merkle root of the encoded slivers, which needs the RedStuff encoder. Same
+  shape (32 bytes, URL-safe base64 without padding, 43 chars), different value.
+- A store is one local transaction (reserve + register + certify [+ transfer]);
+  on Walrus these are two Sui transactions. No write fee, no gas coin, no
+  signatures (the local node trusts its in-process callers).
+- Object ids are derived like Sui's (``blake2b256(0xf1 ‖ tx digest ‖ u64le n)``).
+
+State lives in one SQLite file under ``state_dir`` (WAL mode, busy timeout,
+``BEGIN IMMEDIATE`` for writes, short transactions) so the Walkeep service
+and a ``walkeep devnet`` process can share it, and it survives restarts. Each
+thread gets its own connection; SQLite serialises the writers.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import os
+import re
+import secrets
+import sqlite3
+import struct
+import threading
+import weakref
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+import base58
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from walkeep.backends.base import (
+    BlobExtension,
+    BlobObject,
+    ChainRejected,
+    ChainUnavailable,
+    EpochInfo,
+    Faults,
+    PreparedTx,
+    StoredBlob,
+    TxEffects,
+)
+from walkeep.clock import Clock
+from walkeep.errors import NotFound, RelayerUnavailable, ValidationError
+from walkeep.lifecycle import MAX_EPOCHS_AHEAD
+from walkeep.pricing import encoded_blob_length, walrus_storage_cost_frost
+
+log = logging.getLogger(__name__)
+
+NETWORK = "local"
+
+
+def _local_id(label: bytes) -> str:
+    return "0x" + hashlib.blake2b(label, digest_size=32).hexdigest()
+
+
+# Fixed ids of the local Walrus deployment (stand-ins for System.package_id and
+# the System object; notes §2.3). Fixed so explorer links stay stable.
+LOCAL_PACKAGE_ID = _local_id(b"walkeep::localnet::walrus::package")
+LOCAL_SYSTEM_OBJECT_ID = _local_id(b"walkeep::localnet::walrus::system")
+EXTEND_FUNCTION = f"{LOCAL_PACKAGE_ID}::system::extend_blob"
+BLOB_TYPE = f"{LOCAL_PACKAGE_ID}::blob::Blob"
+
+ENCODING_RS2 = 1
+# Sui caps a programmable transaction at 1024 commands.
+MAX_CALLS_PER_TX = 1024
+# Not a model of Sui gas, just plausible MIST figures so effects look real.
+GAS_BASE_MIST = 1_000_000
+GAS_PER_CALL_MIST = 250_000
+
+DB_FILE = "network.sqlite3"
+KEY_FILE = "wallet.key"
+_SCHEMA_VERSION = "1"
+_PAGE = 500  # rows per page when listing
+_IN_CHUNK = 500  # ids per IN (...) query
+
+TxKind = Literal["store", "extend"]
+_KIND_TAG: dict[str, int] = {"store": 0, "extend": 1}
+_TAG_KIND: dict[int, TxKind] = {0: "store", 1: "extend"}
+
+_US = timedelta(microseconds=1)
+_UNIX = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+# --- ids, addresses, digests ---------------------------------------------------------------
+
+
+def _b2b(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=32).digest()
+
+
+def blob_id_for(data: bytes) -> str:
+    """The local blob id of ``data`` (content-addressed, deterministic).
+
+    Walrus layout ``blake2b256(u8 encoding ‖ u64le unencoded_size ‖ root)``,
+    with ``root = blake2b256(data)`` instead of the RedStuff Merkle root.
+    """
+    raw = _b2b(bytes([ENCODING_RS2]) + len(data).to_bytes(8, "little") + _b2b(data))
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def blob_id_bytes(blob_id: str) -> bytes:
+    """The 32 raw bytes of a blob id string; ValueError if malformed."""
+    if len(blob_id) != 43:
+        raise ValueError("a blob id is 43 URL-safe base64 characters")
+    raw = base64.urlsafe_b64decode(blob_id + "=")
+    if len(raw) != 32 or base64.urlsafe_b64encode(raw).decode().rstrip("=") != blob_id:
+        raise ValueError("not a canonical blob id")
+    return raw
+
+
+def blob_id_to_u256(blob_id: str) -> int:
+    """How the chain stores a blob id (``u256``, little-endian; explorers show decimal)."""
+    return int.from_bytes(blob_id_bytes(blob_id), "little")
+
+
+def tx_digest(tx_bytes: bytes) -> str:
+    """Sui's transaction digest: ``base58(blake2b256(b"TransactionData::" ‖ bytes))``."""
+    return base58.b58encode(_b2b(b"TransactionData::" + tx_bytes)).decode()
+
+
+def sui_address(ed25519_public_key: bytes) -> str:
+    """A Sui address: ``blake2b256(flag 0x00 (Ed25519) ‖ public key)``."""
+    if len(ed25519_public_key) != 32:
+        raise ValueError("an Ed25519 public key is 32 bytes")
+    return "0x" + _b2b(b"\x00" + ed25519_public_key).hex()
+
+
+def derive_object_id(digest: str, creation_num: int) -> str:
+    """Sui's ``ObjectID::derive_id``: ``blake2b256(0xf1 ‖ tx digest ‖ u64le n)``."""
+    return _derive_object_id(base58.b58decode(digest), creation_num)
+
+
+def _derive_object_id(raw_digest: bytes, creation_num: int) -> str:
+    return "0x" + _b2b(b"\xf1" + raw_digest + creation_num.to_bytes(8, "little")).hex()
+
+
+def normalize_address(value: str) -> str:
+    """``0x`` + 64 lowercase hex (short forms are zero-padded, as Sui does).
+
+    Raises ValueError for anything else.
+    """
+    if isinstance(value, str) and _FULL_ADDRESS.fullmatch(value):
+        return value  # the common case, already canonical
+    if not isinstance(value, str) or not _ANY_ADDRESS.fullmatch(value):
+        raise ValueError("an address/object id is 0x followed by 1 to 64 hex digits")
+    return "0x" + value[2:].lower().rjust(64, "0")
+
+
+_FULL_ADDRESS = re.compile(r"0x[0-9a-f]{64}")
+_ANY_ADDRESS = re.compile(r"0[xX][0-9a-fA-F]{1,64}")
+
+
+def _now_us(clock: Clock) -> int:
+    return (clock.now() - _UNIX) // _US
+
+
+def _dt(us: int) -> datetime:
+    return _UNIX + timedelta(microseconds=us)
+
+
+# --- canonical transaction bytes (BCS-like) --------------------------------------------------
+
+
+class _Writer:
+    def __init__(self) -> None:
+        self.buf = bytearray()
+
+    def uleb(self, n: int) -> None:
+        while True:
+            byte = n & 0x7F
+            n >>= 7
+            self.buf.append(byte | (0x80 if n else 0))
+            if not n:
+                return
+
+    def u8(self, n: int) -> None:
+        self.buf += n.to_bytes(1, "little")
+
+    def u32(self, n: int) -> None:
+        self.buf += n.to_bytes(4, "little")
+
+    def u64(self, n: int) -> None:
+        self.buf += n.to_bytes(8, "little")
+
+    def raw(self, b: bytes) -> None:
+        self.buf += b
+
+    def address(self, a: str) -> None:
+        self.buf += bytes.fromhex(a[2:])
+
+
+class _Reader:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def take(self, n: int) -> bytes:
+        if self.pos + n > len(self.data):
+            raise ValueError("truncated transaction bytes")
+        out = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+    def uleb(self) -> int:
+        value, shift = 0, 0
+        while True:
+            byte = self.take(1)[0]
+            value |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                return value
+            shift += 7
+            if shift > 63:
+                raise ValueError("ULEB128 overflow")
+
+    def u8(self) -> int:
+        return self.take(1)[0]
+
+    def u32(self) -> int:
+        return int.from_bytes(self.take(4), "little")
+
+    def u64(self) -> int:
+        return int.from_bytes(self.take(8), "little")
+
+    def address(self) -> str:
+        return "0x" + self.take(32).hex()
+
+    def done(self) -> None:
+        if self.pos != len(self.data):
+            raise ValueError("trailing bytes after the transaction")
+
+
+_CALL = struct.Struct("<32sQI")  # object id, version, epochs
+
+
+@dataclass(frozen=True, slots=True)
+class ExtendCall:
+    object_id: str
+    version: int  # the object version the call was built against (Sui ObjectRef)
+    epochs: int
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedTx:
+    """Transaction data as encoded in ``tx_bytes``.
+
+    Layout (``TransactionData``): ``uleb 0 (V1) ‖ uleb kind ‖ sender[32] ‖
+    nonce[32] ‖ u32 walrus_epoch ‖ package[32] ‖ payload`` where the extend
+    payload is ``uleb n ‖ n × (object_id[32] ‖ u64 version ‖ u32 epochs)`` and
+    the store payload ``blob_id[32] ‖ u64 size ‖ u32 epochs ‖ owner[32] ‖ u8
+    deletable``. The nonce stands in for the gas object reference, so two
+    identical batches still get different digests.
+    """
+
+    kind: TxKind
+    sender: str
+    nonce: bytes
+    epoch: int
+    package_id: str
+    calls: tuple[ExtendCall, ...] = ()
+    blob_id: str | None = None
+    size: int | None = None
+    epochs: int | None = None
+    owner: str | None = None
+    deletable: bool | None = None
+
+
+def encode_tx(tx: DecodedTx) -> bytes:
+    w = _Writer()
+    w.uleb(0)
+    w.uleb(_KIND_TAG[tx.kind])
+    w.address(tx.sender)
+    w.raw(tx.nonce)
+    w.u32(tx.epoch)
+    w.address(tx.package_id)
+    if tx.kind == "extend":
+        w.uleb(len(tx.calls))
+        for call in tx.calls:
+            w.raw(_CALL.pack(bytes.fromhex(call.object_id[2:]), call.version, call.epochs))
+    else:
+        assert tx.blob_id and tx.size is not None and tx.epochs and tx.owner
+        w.raw(blob_id_bytes(tx.blob_id))
+        w.u64(tx.size)
+        w.u32(tx.epochs)
+        w.address(tx.owner)
+        w.u8(1 if tx.deletable else 0)
+    return bytes(w.buf)
+
+
+def decode_tx(data: bytes) -> DecodedTx:
+    """Parse ``tx_bytes``; ValueError if they are not a local transaction."""
+    r = _Reader(data)
+    if r.uleb() != 0:
+        raise ValueError("unknown TransactionData version")
+    tag = r.uleb()
+    if tag not in _TAG_KIND:
+        raise ValueError("unknown transaction kind")
+    kind = _TAG_KIND[tag]
+    sender, nonce, epoch, package = r.address(), r.take(32), r.u32(), r.address()
+    if kind == "extend":
+        n = r.uleb()
+        if n > MAX_CALLS_PER_TX:
+            raise ValueError("too many calls")
+        body = r.take(44 * n)
+        calls = tuple(
+            ExtendCall("0x" + oid.hex(), version, epochs)
+            for oid, version, epochs in _CALL.iter_unpack(body)
+        )
+        r.done()
+        return DecodedTx(kind, sender, nonce, epoch, package, calls=calls)
+    raw_id = r.take(32)
+    size, epochs, owner, deletable = r.u64(), r.u32(), r.address(), r.u8()
+    r.done()
+    return DecodedTx(
+        kind,
+        sender,
+        nonce,
+        epoch,
+        package,
+        blob_id=base64.urlsafe_b64encode(raw_id).decode().rstrip("="),
+        size=size,
+        epochs=epochs,
+        owner=owner,
+        deletable=bool(deletable),
+    )
+
+
+# --- records (what the explorer and devnet read) -------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectRecord:
+    """Everything the local chain knows about a Blob object."""
+
+    object_id: str
+    blob_id: str
+    owner: str
+    size: int
+    storage_size: int
+    storage_id: str
+    registered_epoch: int
+    certified_epoch: int | None
+    start_epoch: int
+    end_epoch: int
+    deletable: bool
+    version: int
+    created_tx: str
+    last_tx: str
+
+    def to_blob_object(self) -> BlobObject:
+        return BlobObject(
+            blob_id=self.blob_id,
+            blob_object_id=self.object_id,
+            size=self.size,
+            storage_size=self.storage_size,
+            registered_epoch=self.registered_epoch,
+            end_epoch=self.end_epoch,
+            owner=self.owner,
+            certified_epoch=self.certified_epoch,
+            deletable=self.deletable,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TxRecord:
+    """A recorded transaction, as an explorer shows it."""
+
+    digest: str
+    kind: TxKind
+    status: str
+    sender: str
+    epoch: int
+    timestamp: datetime
+    checkpoint: int
+    calls: tuple[dict[str, Any], ...]
+    wal_cost_frost: int
+    gas_used: int
+    package_id: str
+    price_frost: int
+    tx_bytes: str  # base64
+
+    def to_effects(self) -> TxEffects:
+        extensions = tuple(
+            BlobExtension(
+                blob_object_id=c["blob_object_id"],
+                blob_id=c["blob_id"],
+                epochs=c["epochs"],
+                old_end_epoch=c["old_end_epoch"],
+                new_end_epoch=c["new_end_epoch"],
+            )
+            for c in self.calls
+            if c["function"].endswith("::system::extend_blob")
+        )
+        return TxEffects(
+            digest=self.digest,
+            success=self.status == "success",
+            sender=self.sender,
+            epoch=self.epoch,
+            timestamp=self.timestamp,
+            extensions=extensions,
+            wal_cost_frost=self.wal_cost_frost,
+            gas_used=self.gas_used,
+            checkpoint=self.checkpoint,
+            network=NETWORK,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectExtension:
+    """One extend_blob call on an object (for the explorer's object page)."""
+
+    digest: str
+    epoch: int
+    timestamp: datetime
+    epochs: int
+    old_end_epoch: int
+    new_end_epoch: int
+
+
+_OBJECT_COLS = (
+    "object_id, blob_id, owner, size, storage_size, storage_id, registered_epoch, "
+    "certified_epoch, start_epoch, end_epoch, deletable, version, created_tx, last_tx"
+)
+_TX_COLS = (
+    "seq, digest, kind, sender, epoch, timestamp_us, tx_bytes, effects, wal_cost_frost, gas_used, "
+    "status"
+)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS contents (
+    blob_id TEXT PRIMARY KEY, size INTEGER NOT NULL, data BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS objects (
+    seq INTEGER PRIMARY KEY, object_id TEXT NOT NULL UNIQUE, blob_id TEXT NOT NULL, owner TEXT NOT NULL,
+    size INTEGER NOT NULL, storage_size INTEGER NOT NULL, storage_id TEXT NOT NULL,
+    registered_epoch INTEGER NOT NULL, certified_epoch INTEGER, start_epoch INTEGER NOT NULL,
+    end_epoch INTEGER NOT NULL, deletable INTEGER NOT NULL, version INTEGER NOT NULL,
+    created_tx TEXT NOT NULL, last_tx TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS objects_by_blob ON objects (blob_id);
+CREATE INDEX IF NOT EXISTS objects_by_owner ON objects (owner, object_id);
+CREATE TABLE IF NOT EXISTS transactions (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, digest TEXT NOT NULL UNIQUE, kind TEXT NOT NULL,
+    sender TEXT NOT NULL, epoch INTEGER NOT NULL, timestamp_us INTEGER NOT NULL,
+    tx_bytes BLOB NOT NULL, effects TEXT NOT NULL, wal_cost_frost INTEGER NOT NULL,
+    gas_used INTEGER NOT NULL, status TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS extensions (
+    tx_seq INTEGER NOT NULL, idx INTEGER NOT NULL, obj_seq INTEGER NOT NULL,
+    epochs INTEGER NOT NULL, old_end_epoch INTEGER NOT NULL, new_end_epoch INTEGER NOT NULL,
+    PRIMARY KEY (tx_seq, idx)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS extensions_by_object ON extensions (obj_seq, tx_seq, idx);
+"""
+# Why these shapes: a renewal batch rewrites ~200 objects. Objects live in a
+# rowid table in creation order, and blobs due together were mostly created
+# together, so a batch touches few pages; extension rows are small integers,
+# appended in transaction order and indexed by the object's creation order
+# for the same locality. (Random text keys would dirty a page per row.)
+
+
+def _object_from_row(row: tuple[Any, ...]) -> ObjectRecord:
+    # Positional, in _OBJECT_COLS order (hot path: 200+ rows per extend).
+    r = row
+    return ObjectRecord(
+        r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], bool(r[10]), r[11], r[12], r[13]
+    )
+
+
+def _object_params(r: ObjectRecord) -> tuple[Any, ...]:
+    return (
+        r.object_id,
+        r.blob_id,
+        r.owner,
+        r.size,
+        r.storage_size,
+        r.storage_id,
+        r.registered_epoch,
+        r.certified_epoch,
+        r.start_epoch,
+        r.end_epoch,
+        int(r.deletable),
+        r.version,
+        r.created_tx,
+        r.last_tx,
+    )
+
+
+def _tx_from_row(row: tuple[Any, ...], calls: Sequence[dict[str, Any]]) -> TxRecord:
+    effects = json.loads(row[7])
+    return TxRecord(
+        digest=row[1],
+        kind=row[2],
+        sender=row[3],
+        epoch=row[4],
+        timestamp=_dt(row[5]),
+        checkpoint=row[0],
+        status=row[10],
+        calls=tuple(calls),
+        wal_cost_frost=row[8],
+        gas_used=row[9],
+        package_id=effects["package_id"],
+        price_frost=effects["price_frost"],
+        tx_bytes=base64.b64encode(row[6]).decode(),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Schedule:
+    """Epoch schedule: epoch = anchor_epoch + (now - anchor) // seconds."""
+
+    genesis_us: int
+    anchor_us: int
+    anchor_epoch: int
+    seconds: int
+
+    def epoch_at(self, now_us: int) -> int:
+        return max(0, self.anchor_epoch + (now_us - self.anchor_us) // (self.seconds * 1_000_000))
+
+    def start_of(self, epoch: int) -> int:
+        return self.anchor_us + (epoch - self.anchor_epoch) * self.seconds * 1_000_000
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "genesis_us": self.genesis_us,
+                "anchor_us": self.anchor_us,
+                "anchor_epoch": self.anchor_epoch,
+                "seconds": self.seconds,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> _Schedule:
+        d = json.loads(text)
+        return cls(d["genesis_us"], d["anchor_us"], d["anchor_epoch"], d["seconds"])
+
+
+class _Handle:
+    """Owns one thread's connection; closes it when the thread (and its local) goes away."""
+
+    __slots__ = ("__weakref__", "conn")
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __del__(self) -> None:
+        self.conn.close()
+
+
+class LocalNetwork:
+    """The simulated Walrus + Sui network, persisted under ``state_dir``.
+
+    Configuration (``epoch_seconds``, ``storage_price_frost``) is a property of
+    the network, shared by every process that opens the directory: the latest
+    opener's values win. Changing ``epoch_seconds`` re-anchors the schedule at
+    the start of the current epoch, so epochs never go backwards.
+    """
+
+    network = NETWORK
+    package_id = LOCAL_PACKAGE_ID
+    system_object_id = LOCAL_SYSTEM_OBJECT_ID
+
+    def __init__(
+        self,
+        state_dir: Path,
+        clock: Clock,
+        *,
+        epoch_seconds: int = 3600,
+        storage_price_frost: int = 11_000,
+        faults: Faults | None = None,
+    ) -> None:
+        if epoch_seconds < 1:
+            raise ValueError("epoch_seconds must be >= 1")
+        if storage_price_frost < 0:
+            raise ValueError("storage_price_frost must be >= 0")
+        self.state_dir = Path(state_dir)
+        self.clock = clock
+        self.faults = faults if faults is not None else Faults()
+        self._fault_lock = threading.Lock()
+        self._local = threading.local()
+        # One connection per thread; a thread's connection closes when the thread ends.
+        self._handles: weakref.WeakSet[_Handle] = weakref.WeakSet()
+        self._conns_lock = threading.Lock()
+        self._closed = False
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.db_path = self.state_dir / DB_FILE
+        self._init_state(epoch_seconds, storage_price_frost)
+
+    # --- plumbing ------------------------------------------------------------------------
+
+    def _conn(self) -> sqlite3.Connection:
+        handle: _Handle | None = getattr(self._local, "handle", None)
+        if handle is None:
+            if self._closed:
+                raise RuntimeError("LocalNetwork is closed")
+            conn = sqlite3.connect(
+                self.db_path, timeout=30.0, isolation_level=None, check_same_thread=False
+            )
+            conn.execute("PRAGMA busy_timeout = 30000")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            # Reads go through a shared memory map (the OS page cache), not a
+            # private page cache per thread connection.
+            conn.execute("PRAGMA mmap_size = 1073741824")
+            handle = _Handle(conn)
+            self._local.handle = handle
+            with self._conns_lock:
+                self._handles.add(handle)
+        return handle.conn
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One short write transaction; ``BEGIN IMMEDIATE`` takes the write lock up front."""
+        conn = self._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        """A consistent snapshot for multi-statement reads."""
+        conn = self._conn()
+        conn.execute("BEGIN")
+        try:
+            yield conn
+        finally:
+            conn.execute("COMMIT")
+
+    def close(self) -> None:
+        """Close every connection this instance still has open (from any thread)."""
+        self._closed = True
+        with self._conns_lock:
+            handles = list(self._handles)
+            self._handles.clear()
+        for handle in handles:
+            handle.close()
+        self._local = threading.local()
+
+    def __enter__(self) -> LocalNetwork:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _init_state(self, epoch_seconds: int, price: int) -> None:
+        with self._write() as c:
+            # One statement at a time: executescript() would COMMIT our transaction.
+            for stmt in filter(None, (s.strip() for s in _SCHEMA.split(";"))):
+                c.execute(stmt)
+            meta = dict(c.execute("SELECT key, value FROM meta").fetchall())
+            now = _now_us(self.clock)
+            if "schedule" not in meta:
+                sched = _Schedule(now, now, 0, epoch_seconds)
+                c.execute("INSERT INTO meta VALUES ('schema_version', ?)", (_SCHEMA_VERSION,))
+                c.execute("INSERT INTO meta VALUES ('schedule', ?)", (sched.to_json(),))
+            else:
+                sched = _Schedule.from_json(meta["schedule"])
+                if sched.seconds != epoch_seconds:
+                    current = sched.epoch_at(now)
+                    new = _Schedule(
+                        sched.genesis_us, sched.start_of(current), current, epoch_seconds
+                    )
+                    c.execute("UPDATE meta SET value = ? WHERE key = 'schedule'", (new.to_json(),))
+                    log.warning(
+                        "local network: epoch length changed %ss -> %ss; re-anchored at epoch %s",
+                        sched.seconds,
+                        epoch_seconds,
+                        current,
+                    )
+            if meta.get("storage_price_frost") != str(price):
+                c.execute(
+                    "INSERT INTO meta VALUES ('storage_price_frost', ?) "
+                    "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    (str(price),),
+                )
+            address = meta.get("server_address")
+            if address is None:
+                address = self._load_or_create_wallet()
+                c.execute("INSERT INTO meta VALUES ('server_address', ?)", (address,))
+        self._server_address = address
+
+    def _load_or_create_wallet(self) -> str:
+        """The publisher/server wallet: an Ed25519 key in Sui keystore format.
+
+        The file holds ``base64(0x00 ‖ 32-byte seed)`` (one entry of a Sui
+        ``sui.keystore``), mode 0600. Called under the write lock, so two
+        processes opening a fresh directory agree on one wallet.
+        """
+        path = self.state_dir / KEY_FILE
+        if path.exists():
+            raw = base64.b64decode(path.read_text().strip())
+            if len(raw) != 33 or raw[0] != 0:
+                raise ValueError(f"{path} is not an Ed25519 Sui keystore entry")
+            seed = raw[1:]
+        else:
+            seed = secrets.token_bytes(32)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(base64.b64encode(b"\x00" + seed).decode() + "\n")
+        public = Ed25519PrivateKey.from_private_bytes(seed).public_key().public_bytes_raw()
+        return sui_address(public)
+
+    def _schedule(self, c: sqlite3.Connection) -> _Schedule:
+        row = c.execute("SELECT value FROM meta WHERE key = 'schedule'").fetchone()
+        return _Schedule.from_json(row[0])
+
+    def _epoch(self, c: sqlite3.Connection) -> int:
+        return self._schedule(c).epoch_at(_now_us(self.clock))
+
+    def _price(self, c: sqlite3.Connection) -> int:
+        row = c.execute("SELECT value FROM meta WHERE key = 'storage_price_frost'").fetchone()
+        return int(row[0])
+
+    def _chain_op(self) -> None:
+        if self.faults.unreachable:
+            raise ChainUnavailable("local network unreachable (fault injected)")
+
+    def _blob_op(self) -> None:
+        if self.faults.unreachable:
+            raise RelayerUnavailable(
+                "local network unreachable (fault injected)", {"fault": "unreachable"}
+            )
+
+    def _take_fault(self, name: Literal["fail_next_writes", "fail_next_extends"]) -> bool:
+        with self._fault_lock:
+            left = getattr(self.faults, name)
+            if left > 0:
+                setattr(self.faults, name, left - 1)
+                return True
+            return False
+
+    # --- network parameters --------------------------------------------------------------
+
+    @property
+    def server_address(self) -> str:
+        """The publisher's / Walkeep's server wallet (``0x`` + 64 hex)."""
+        return self._server_address
+
+    @property
+    def epoch_seconds(self) -> int:
+        return self._schedule(self._conn()).seconds
+
+    def genesis(self) -> datetime:
+        return _dt(self._schedule(self._conn()).genesis_us)
+
+    def storage_price_frost(self) -> int:
+        """Storage price per 1 MiB unit per epoch, in FROST."""
+        return self._price(self._conn())
+
+    def current_epoch(self) -> int:
+        self._chain_op()
+        return self._epoch(self._conn())
+
+    def peek_epoch(self) -> int:
+        """The current epoch without fault injection (the explorer's own view)."""
+        return self._epoch(self._conn())
+
+    def epoch_info(self) -> EpochInfo:
+        self._chain_op()
+        sched = self._schedule(self._conn())
+        epoch = sched.epoch_at(_now_us(self.clock))
+        return EpochInfo(
+            epoch=epoch, started_at=_dt(sched.start_of(epoch)), duration_seconds=sched.seconds
+        )
+
+    # --- blobs ---------------------------------------------------------------------------
+
+    def _check_store_args(self, epochs: int, owner: str) -> str:
+        if isinstance(epochs, bool) or not isinstance(epochs, int):
+            raise ValidationError("epochs must be an integer", {"epochs": epochs})
+        if not 1 <= epochs <= MAX_EPOCHS_AHEAD:
+            raise ValidationError(
+                f"epochs must be between 1 and {MAX_EPOCHS_AHEAD}", {"epochs": epochs}
+            )
+        try:
+            return normalize_address(owner)
+        except ValueError as exc:
+            raise ValidationError(f"invalid owner address: {exc}", {"owner": owner}) from exc
+
+    def store_blob(
+        self,
+        data: bytes,
+        *,
+        epochs: int,
+        owner: str,
+        force: bool = True,
+        permanent: bool = False,
+    ) -> StoredBlob:
+        """Store ``data`` for ``epochs`` epochs; the new Blob object goes to ``owner``.
+
+        Without ``force``, Walrus answers "already certified" (no new object)
+        when the content is already stored for at least the requested
+        duration by a blob that cannot vanish under you: a permanent one, or a
+        deletable one held by the publisher's own wallet (``routes.rs``
+        ``BlobStoreResult::AlreadyCertified``). Otherwise a new Blob object is
+        registered, certified and transferred to ``owner``. Raises
+        ValidationError (epochs outside 1..53, bad owner), RelayerUnavailable.
+        """
+        self._blob_op()
+        owner = self._check_store_args(epochs, owner)
+        if self._take_fault("fail_next_writes"):
+            raise RelayerUnavailable(
+                "local network write failed (fault injected)", {"fault": "write_failed"}
+            )
+        data = bytes(data)
+        with self._write() as c:
+            epoch = self._epoch(c)
+            if not force:
+                existing = self._already_certified(c, blob_id_for(data), epoch, epochs, permanent)
+                if existing is not None:
+                    return StoredBlob(blob=existing.to_blob_object(), newly_created=False)
+            return self._store_one(c, data, epoch, self._price(c), epochs, owner, permanent)
+
+    def store_blobs(
+        self, blobs: Sequence[bytes], *, epochs: int, owner: str, permanent: bool = False
+    ) -> list[StoredBlob]:
+        """Store many blobs (``force=True`` each) in one database transaction.
+
+        Same outcome as calling :meth:`store_blob` once per item (one local
+        store transaction and one Blob object each), only faster: for seeding
+        benchmarks and scale tests with tens of thousands of objects. Faults
+        apply once to the whole call.
+        """
+        self._blob_op()
+        owner = self._check_store_args(epochs, owner)
+        if self._take_fault("fail_next_writes"):
+            raise RelayerUnavailable(
+                "local network write failed (fault injected)", {"fault": "write_failed"}
+            )
+        with self._write() as c:
+            epoch, price = self._epoch(c), self._price(c)
+            return [
+                self._store_one(c, bytes(d), epoch, price, epochs, owner, permanent) for d in blobs
+            ]
+
+    def _store_one(
+        self,
+        c: sqlite3.Connection,
+        data: bytes,
+        epoch: int,
+        price: int,
+        epochs: int,
+        owner: str,
+        permanent: bool,
+    ) -> StoredBlob:
+        """Register + certify (+ transfer) one new Blob object inside ``c``'s transaction."""
+        blob_id = blob_id_for(data)
+        deletable = not permanent
+        storage_size = encoded_blob_length(len(data))
+        cost = walrus_storage_cost_frost(storage_size, epochs, price)
+        tx = DecodedTx(
+            kind="store",
+            sender=self._server_address,
+            nonce=secrets.token_bytes(32),
+            epoch=epoch,
+            package_id=LOCAL_PACKAGE_ID,
+            blob_id=blob_id,
+            size=len(data),
+            epochs=epochs,
+            owner=owner,
+            deletable=deletable,
+        )
+        tx_bytes = encode_tx(tx)
+        raw_digest = _b2b(b"TransactionData::" + tx_bytes)
+        digest = base58.b58encode(raw_digest).decode()
+        object_id = _derive_object_id(raw_digest, 0)
+        storage_id = _derive_object_id(raw_digest, 1)
+        end_epoch = epoch + epochs
+        calls: list[dict[str, Any]] = [
+            {
+                "function": f"{LOCAL_PACKAGE_ID}::system::reserve_space",
+                "storage_id": storage_id,
+                "storage_size": storage_size,
+                "epochs_ahead": epochs,
+            },
+            {
+                "function": f"{LOCAL_PACKAGE_ID}::system::register_blob",
+                "blob_object_id": object_id,
+                "blob_id": blob_id,
+                "size": len(data),
+                "deletable": deletable,
+            },
+            {
+                "function": f"{LOCAL_PACKAGE_ID}::system::certify_blob",
+                "blob_object_id": object_id,
+                "blob_id": blob_id,
+                "end_epoch": end_epoch,
+            },
+        ]
+        if owner != self._server_address:
+            calls.append(
+                {
+                    "function": "0x2::transfer::public_transfer",
+                    "blob_object_id": object_id,
+                    "recipient": owner,
+                }
+            )
+        c.execute(
+            "INSERT OR IGNORE INTO contents (blob_id, size, data) VALUES (?, ?, ?)",
+            (blob_id, len(data), data),
+        )
+        record = ObjectRecord(
+            object_id=object_id,
+            blob_id=blob_id,
+            owner=owner,
+            size=len(data),
+            storage_size=storage_size,
+            storage_id=storage_id,
+            registered_epoch=epoch,
+            certified_epoch=epoch,
+            start_epoch=epoch,
+            end_epoch=end_epoch,
+            deletable=deletable,
+            version=1,
+            created_tx=digest,
+            last_tx=digest,
+        )
+        c.execute(
+            f"INSERT INTO objects ({_OBJECT_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            _object_params(record),
+        )
+        self._record_tx(
+            c,
+            digest=digest,
+            kind="store",
+            sender=self._server_address,
+            epoch=epoch,
+            tx_bytes=tx_bytes,
+            calls=calls,
+            cost=cost,
+            price=price,
+            gas=GAS_BASE_MIST + GAS_PER_CALL_MIST * len(calls),
+        )
+        return StoredBlob(blob=record.to_blob_object(), newly_created=True, cost_frost=cost)
+
+    def _already_certified(
+        self, c: sqlite3.Connection, blob_id: str, epoch: int, epochs: int, permanent: bool
+    ) -> ObjectRecord | None:
+        rows = c.execute(
+            f"SELECT {_OBJECT_COLS} FROM objects WHERE blob_id = ? AND end_epoch >= ? "
+            "ORDER BY end_epoch DESC, object_id",
+            (blob_id, epoch + epochs),
+        ).fetchall()
+        for row in rows:
+            rec = _object_from_row(row)
+            if not rec.deletable or (not permanent and rec.owner == self._server_address):
+                return rec
+        return None
+
+    def read_blob(self, blob_id: str) -> bytes:
+        """The bytes of a blob; NotFound unless some live object holds it."""
+        self._blob_op()
+        with self._read() as c:
+            epoch = self._epoch(c)
+            live = c.execute(
+                "SELECT 1 FROM objects WHERE blob_id = ? AND end_epoch > ? LIMIT 1",
+                (blob_id, epoch),
+            ).fetchone()
+            row = (
+                c.execute("SELECT data FROM contents WHERE blob_id = ?", (blob_id,)).fetchone()
+                if live
+                else None
+            )
+        if row is None:
+            raise NotFound("blob not found (never stored, or expired)", {"blob_id": blob_id})
+        return bytes(row[0])
+
+    def read_by_object(self, object_id: str) -> bytes:
+        """The bytes behind a Blob object; NotFound if unknown or lapsed."""
+        self._blob_op()
+        try:
+            oid = normalize_address(object_id)
+        except ValueError:
+            raise NotFound("no such blob object", {"blob_object_id": object_id}) from None
+        with self._read() as c:
+            epoch = self._epoch(c)
+            row = c.execute(
+                "SELECT contents.data FROM objects JOIN contents USING (blob_id) "
+                "WHERE objects.object_id = ? AND objects.end_epoch > ?",
+                (oid, epoch),
+            ).fetchone()
+        if row is None:
+            raise NotFound("blob object not found (unknown, or expired)", {"blob_object_id": oid})
+        return bytes(row[0])
+
+    # --- objects -------------------------------------------------------------------------
+
+    def object_record(self, object_id: str) -> ObjectRecord | None:
+        """The full record of a Blob object (explorer/devnet view; no fault injection)."""
+        try:
+            oid = normalize_address(object_id)
+        except ValueError:
+            return None
+        row = (
+            self._conn()
+            .execute(f"SELECT {_OBJECT_COLS} FROM objects WHERE object_id = ?", (oid,))
+            .fetchone()
+        )
+        return _object_from_row(row) if row else None
+
+    def get_object(self, object_id: str) -> BlobObject | None:
+        self._chain_op()
+        rec = self.object_record(object_id)
+        return rec.to_blob_object() if rec else None
+
+    def owned_blobs(self, owner: str) -> Iterator[BlobObject]:
+        """Every Blob object ``owner`` holds, lapsed ones included (callers decide).
+
+        Pages through the owner index in short read transactions, so a long
+        listing never holds a snapshot open.
+        """
+        self._chain_op()  # eagerly, not on first next()
+        try:
+            owner = normalize_address(owner)
+        except ValueError:
+            return iter(())
+        return self._owned_pages(owner)
+
+    def _owned_pages(self, owner: str) -> Iterator[BlobObject]:
+        after = ""
+        while True:
+            rows = (
+                self._conn()
+                .execute(
+                    f"SELECT {_OBJECT_COLS} FROM objects WHERE owner = ? AND object_id > ? "
+                    "ORDER BY object_id LIMIT ?",
+                    (owner, after, _PAGE),
+                )
+                .fetchall()
+            )
+            for row in rows:
+                yield _object_from_row(row).to_blob_object()
+            if len(rows) < _PAGE:
+                return
+            after = rows[-1][0]
+
+    def object_extensions(self, object_id: str) -> list[ObjectExtension]:
+        """The extend_blob calls that touched this object, oldest first (explorer view)."""
+        try:
+            oid = normalize_address(object_id)
+        except ValueError:
+            return []
+        rows = (
+            self._conn()
+            .execute(
+                "SELECT t.digest, t.epoch, t.timestamp_us, e.epochs, e.old_end_epoch, "
+                "e.new_end_epoch FROM objects o JOIN extensions e ON e.obj_seq = o.seq "
+                "JOIN transactions t ON t.seq = e.tx_seq WHERE o.object_id = ? "
+                "ORDER BY e.tx_seq, e.idx",
+                (oid,),
+            )
+            .fetchall()
+        )
+        return [ObjectExtension(r[0], r[1], _dt(r[2]), r[3], r[4], r[5]) for r in rows]
+
+    # --- transactions --------------------------------------------------------------------
+
+    def _load_objects(
+        self, c: sqlite3.Connection, ids: Sequence[str], seqs: dict[str, int] | None = None
+    ) -> dict[str, ObjectRecord]:
+        """The objects among ``ids`` (one IN query per chunk); fills ``seqs`` if given."""
+        found: dict[str, ObjectRecord] = {}
+        unique = list(dict.fromkeys(ids))
+        for i in range(0, len(unique), _IN_CHUNK):
+            chunk = unique[i : i + _IN_CHUNK]
+            marks = ",".join("?" * len(chunk))
+            for row in c.execute(
+                f"SELECT {_OBJECT_COLS}, seq FROM objects WHERE object_id IN ({marks})", chunk
+            ):
+                rec = _object_from_row(row)
+                found[rec.object_id] = rec
+                if seqs is not None:
+                    seqs[rec.object_id] = row[14]
+        return found
+
+    @staticmethod
+    def _check_calls(
+        sender: str,
+        calls: Sequence[ExtendCall],
+        objects: dict[str, ObjectRecord],
+        epoch: int,
+    ) -> list[tuple[ObjectRecord, ExtendCall, int, int]]:
+        """Walrus's ``extend_blob`` checks for every call, in order (notes §2.2).
+
+        Returns (object, call, old_end, new_end) per call; raises ChainRejected
+        on the first failing call, so a batch is all or nothing. Several calls
+        on the same object apply one after another, as in one PTB.
+        """
+        if not calls:
+            raise ChainRejected("a transaction needs at least one extend_blob call")
+        if len(calls) > MAX_CALLS_PER_TX:
+            raise ChainRejected(f"at most {MAX_CALLS_PER_TX} calls per transaction")
+        ends: dict[str, int] = {}
+        out: list[tuple[ObjectRecord, ExtendCall, int, int]] = []
+        for i, call in enumerate(calls):
+            where = f"call {i} ({call.object_id})"
+            obj = objects.get(call.object_id)
+            if obj is None:
+                raise ChainRejected(f"{where}: object not found")
+            if obj.owner != sender:
+                raise ChainRejected(f"{where}: object is not owned by the sender")
+            if obj.version != call.version:
+                raise ChainRejected(
+                    f"{where}: object version {call.version} is no longer current "
+                    f"(now {obj.version}); the transaction is stale"
+                )
+            if obj.certified_epoch is None:
+                raise ChainRejected(f"{where}: blob is not certified (ENotCertified)")
+            old = ends.get(call.object_id, obj.end_epoch)
+            if not epoch < old:
+                raise ChainRejected(
+                    f"{where}: blob expired at epoch {old} (current {epoch}); "
+                    "an expired blob cannot be renewed (EResourceBounds)"
+                )
+            if call.epochs <= 0:
+                raise ChainRejected(f"{where}: extended_epochs must be > 0 (EInvalidEpochsAhead)")
+            if (old - epoch) + call.epochs > MAX_EPOCHS_AHEAD:
+                raise ChainRejected(
+                    f"{where}: end epoch {old + call.epochs} would be more than "
+                    f"{MAX_EPOCHS_AHEAD} epochs ahead of {epoch} (EInvalidEpochsAhead)"
+                )
+            new = old + call.epochs
+            ends[call.object_id] = new
+            out.append((obj, call, old, new))
+        return out
+
+    def prepare_extend(self, sender: str, items: Sequence[tuple[str, int]]) -> PreparedTx:
+        """Build one transaction extending each ``(object_id, epochs)``; not submitted.
+
+        The digest is final. Raises ChainRejected if a call would already fail.
+        """
+        self._chain_op()
+        try:
+            sender = normalize_address(sender)
+            norm = [(normalize_address(oid), int(k)) for oid, k in items]
+        except (ValueError, TypeError) as exc:
+            raise ChainRejected(f"malformed transaction: {exc}") from exc
+        for _, k in norm:
+            if not 0 < k <= MAX_EPOCHS_AHEAD:
+                raise ChainRejected(
+                    f"extended_epochs must be between 1 and {MAX_EPOCHS_AHEAD}, got {k}"
+                )
+        with self._read() as c:
+            epoch = self._epoch(c)
+            objects = self._load_objects(c, [oid for oid, _ in norm])
+        calls = tuple(
+            ExtendCall(oid, objects[oid].version if oid in objects else 0, k) for oid, k in norm
+        )
+        self._check_calls(sender, calls, objects, epoch)
+        tx = DecodedTx(
+            kind="extend",
+            sender=sender,
+            nonce=secrets.token_bytes(32),
+            epoch=epoch,
+            package_id=LOCAL_PACKAGE_ID,
+            calls=calls,
+        )
+        tx_bytes = encode_tx(tx)
+        return PreparedTx(
+            digest=tx_digest(tx_bytes),
+            tx_bytes=base64.b64encode(tx_bytes).decode(),
+            items=tuple(norm),
+            epoch=epoch,
+        )
+
+    def execute(self, prepared: PreparedTx) -> TxEffects:
+        """Submit a prepared transaction: all calls apply, or none do.
+
+        The transaction bytes are the truth (as on Sui): the digest is
+        re-derived from them, and the calls executed are the ones they encode.
+        An already-executed digest returns its recorded effects unchanged.
+        """
+        self._chain_op()
+        if self._take_fault("fail_next_extends"):
+            raise ChainRejected("transaction rejected (fault injected)")
+        try:
+            tx_bytes = base64.b64decode(prepared.tx_bytes, validate=True)
+            tx = decode_tx(tx_bytes)
+        except ValueError as exc:
+            raise ChainRejected(f"malformed transaction bytes: {exc}") from exc
+        digest = tx_digest(tx_bytes)
+        if digest != prepared.digest:
+            raise ChainRejected(
+                f"digest mismatch: the bytes hash to {digest}, not {prepared.digest}"
+            )
+        if tx.kind != "extend":
+            raise ChainRejected("only extend transactions can be submitted")
+        if tx.package_id != LOCAL_PACKAGE_ID:
+            raise ChainRejected(f"package {tx.package_id} does not exist on this network")
+        with self._write() as c:
+            done = c.execute(f"SELECT {_TX_COLS} FROM transactions WHERE digest = ?", (digest,))
+            row = done.fetchone()
+            if row is not None:
+                return self._tx_with_calls(c, row).to_effects()
+            epoch = self._epoch(c)
+            price = self._price(c)
+            seqs: dict[str, int] = {}
+            objects = self._load_objects(c, [call.object_id for call in tx.calls], seqs)
+            checked = self._check_calls(tx.sender, tx.calls, objects, epoch)
+            final_end: dict[int, int] = {}
+            calls: list[dict[str, Any]] = []
+            ext_rows: list[tuple[int, int, int, int, int]] = []
+            cost = 0
+            for idx, (obj, call, old, new) in enumerate(checked):
+                final_end[seqs[obj.object_id]] = new
+                cost += walrus_storage_cost_frost(obj.storage_size, call.epochs, price)
+                calls.append(
+                    {
+                        "function": EXTEND_FUNCTION,
+                        "blob_object_id": obj.object_id,
+                        "blob_id": obj.blob_id,
+                        "epochs": call.epochs,
+                        "old_end_epoch": old,
+                        "new_end_epoch": new,
+                    }
+                )
+                ext_rows.append((idx, seqs[obj.object_id], call.epochs, old, new))
+            c.executemany(
+                "UPDATE objects SET end_epoch = ?, version = version + 1, last_tx = ? "
+                "WHERE seq = ?",
+                sorted((end, digest, seq) for seq, end in final_end.items()),
+            )
+            record = self._record_tx(
+                c,
+                digest=digest,
+                kind="extend",
+                sender=tx.sender,
+                epoch=epoch,
+                tx_bytes=tx_bytes,
+                calls=calls,
+                cost=cost,
+                price=price,
+                gas=GAS_BASE_MIST + GAS_PER_CALL_MIST * len(calls),
+            )
+            c.executemany(
+                "INSERT INTO extensions (tx_seq, idx, obj_seq, epochs, old_end_epoch, "
+                "new_end_epoch) VALUES (?,?,?,?,?,?)",
+                [(record.checkpoint, *r) for r in ext_rows],
+            )
+        return record.to_effects()
+
+    def _record_tx(
+        self,
+        c: sqlite3.Connection,
+        *,
+        digest: str,
+        kind: TxKind,
+        sender: str,
+        epoch: int,
+        tx_bytes: bytes,
+        calls: list[dict[str, Any]],
+        cost: int,
+        price: int,
+        gas: int,
+    ) -> TxRecord:
+        now = _now_us(self.clock)
+        effects: dict[str, Any] = {
+            "status": "success",
+            "package_id": LOCAL_PACKAGE_ID,
+            "price_frost": price,
+        }
+        if kind != "extend":  # extend calls live in the ``extensions`` table
+            effects["calls"] = calls
+        cur = c.execute(
+            "INSERT INTO transactions (digest, kind, sender, epoch, timestamp_us, tx_bytes, "
+            "effects, wal_cost_frost, gas_used, status) VALUES (?,?,?,?,?,?,?,?,?,?)",
+            (digest, kind, sender, epoch, now, tx_bytes, json.dumps(effects), cost, gas, "success"),
+        )
+        return TxRecord(
+            digest=digest,
+            kind=kind,
+            status="success",
+            sender=sender,
+            epoch=epoch,
+            timestamp=_dt(now),
+            checkpoint=int(cur.lastrowid or 0),
+            calls=tuple(calls),
+            wal_cost_frost=cost,
+            gas_used=gas,
+            package_id=LOCAL_PACKAGE_ID,
+            price_frost=price,
+            tx_bytes=base64.b64encode(tx_bytes).decode(),
+        )
+
+    @staticmethod
+    def _tx_with_calls(c: sqlite3.Connection, row: tuple[Any, ...]) -> TxRecord:
+        if row[2] != "extend":
+            return _tx_from_row(row, json.loads(row[7])["calls"])
+        calls = [
+            {
+                "function": EXTEND_FUNCTION,
+                "blob_object_id": r[0],
+                "blob_id": r[1],
+                "epochs": r[2],
+                "old_end_epoch": r[3],
+                "new_end_epoch": r[4],
+            }
+            for r in c.execute(
+                "SELECT o.object_id, o.blob_id, e.epochs, e.old_end_epoch, e.new_end_epoch "
+                "FROM extensions e JOIN objects o ON o.seq = e.obj_seq "
+                "WHERE e.tx_seq = ? ORDER BY e.idx",
+                (row[0],),
+            )
+        ]
+        return _tx_from_row(row, calls)
+
+    def transaction_record(self, digest: str) -> TxRecord | None:
+        """The full recorded transaction (explorer view; no fault injection)."""
+        with self._read() as c:
+            row = c.execute(
+                f"SELECT {_TX_COLS} FROM transactions WHERE digest = ?", (digest,)
+            ).fetchone()
+            return self._tx_with_calls(c, row) if row else None
+
+    def get_transaction(self, digest: str) -> TxEffects | None:
+        """Effects of an executed transaction (store or extend); None if unknown."""
+        self._chain_op()
+        rec = self.transaction_record(digest)
+        return rec.to_effects() if rec else None
