@@ -601,16 +601,17 @@ def test_poll_resolves_blob_owned_by_server_wallet(
     assert status.blob.end_epoch == local_chain.current_epoch() + 3
 
 
-def test_poll_leaves_foreign_owned_blob_unresolved(
+def test_poll_fails_a_blob_owned_by_another_wallet(
     fake: FakeMemWalRelayer, client_clock: ManualClock, local_chain: LocalChain
 ) -> None:
+    """Walkeep can't renew a Blob it doesn't own: never register or bill it."""
     relayer = _chain_relayer(fake, client_clock, local_chain)  # fake.owner is someone else
     job_id = _accept(relayer)
     blob_id = fake.complete_job(job_id)
     status = relayer.poll(job_id)
-    assert status.state is JobState.LANDED
-    assert status.blob is not None and status.blob.blob_id == blob_id
-    assert not is_resolved(status.blob)
+    assert status.state is JobState.FAILED
+    assert status.error is not None and blob_id in status.error
+    assert local_chain.owner_address() in status.error
 
 
 def test_poll_chain_outage_is_unavailable(

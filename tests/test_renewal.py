@@ -369,3 +369,49 @@ def test_sqlite_refuses_a_second_worker(rt: Runtime) -> None:
     again = acquire_worker_lock(rt)
     assert again is not None
     again.release()
+
+
+def test_reconcile_waits_while_a_lost_transaction_could_still_land(
+    rt: Runtime, clock, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    a = account(rt, credits=10)
+    _store(rt, a, "signed but lost", "r1")
+    _advance_epochs(rt, clock, 3)
+
+    def crash(_claim) -> None:  # type: ignore[no-untyped-def]
+        raise CrashForTest("died before submitting")
+
+    rt.extras["renew_hooks"] = {"before_submit": crash}
+    with pytest.raises(CrashForTest):
+        renew.renew(rt)
+    rt.extras["renew_hooks"] = {}
+    clock.advance(renew.INTENT_GRACE_SECONDS + 1)
+    # Like a Sui transaction before its expiration epoch: it might still execute.
+    monkeypatch.setattr(rt.chain, "can_still_land", lambda _tx: True)
+    rep = renew.reconcile_renewals(rt)
+    assert (rep.abandoned, rep.waiting) == (0, 1)
+    with rt.db.read() as s:
+        assert ledger.balance(s, a).held_mc > 0  # the hold stays until we know
+    monkeypatch.setattr(rt.chain, "can_still_land", lambda _tx: False)
+    assert renew.reconcile_renewals(rt).abandoned == 1
+    with rt.db.read() as s:
+        assert ledger.balance(s, a).held_mc == 0
+
+
+@pytest.mark.postgres
+def test_one_renewal_pass_per_wallet_where_the_chain_requires_it(
+    rt: Runtime, clock, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    from sqlalchemy import text
+
+    a = account(rt, credits=10)
+    _store(rt, a, "single submitter", "r1")
+    _advance_epochs(rt, clock, 3)
+    monkeypatch.setattr(rt.chain, "single_submitter", True, raising=False)
+    key = renew._wallet_lock_key(rt)
+    with rt.db.engine.connect() as other:  # another worker is mid-pass
+        assert other.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar()
+        assert renew.renew(rt).transactions == 0
+        other.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+        other.commit()
+    assert renew.renew(rt).transactions == 1

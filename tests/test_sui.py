@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterator
 
 import base58
+import pydantic
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from fakes.sui_stub import (
@@ -464,7 +465,10 @@ def test_split_batches_keeps_order_and_prepare_refuses_oversized_batches(
         chain.prepare_extend(items[:11])
     assert node.calls == []
     assert SuiChain(sui_settings(renew_batch=300)).max_batch == 300
-    assert SuiChain(sui_settings(renew_batch=1000)).max_batch == HARD_MAX_BATCH
+    assert SuiChain(sui_settings(renew_batch=800)).max_batch == HARD_MAX_BATCH
+    # Settings refuse a batch no Sui transaction could carry (128 KiB limit).
+    with pytest.raises(pydantic.ValidationError):
+        sui_settings(renew_batch=1000)
 
 
 # --- preconditions ---------------------------------------------------------------------------------

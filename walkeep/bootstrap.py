@@ -143,7 +143,7 @@ def build_runtime(
     else:
         from walkeep.backends.sui import SuiChain
 
-        chain = SuiChain(settings)
+        chain = SuiChain(settings, clock=clock)
 
     # --- relayer --------------------------------------------------------------------
     if settings.relayer in ("local", "walrus"):
@@ -183,6 +183,9 @@ def build_runtime(
             settings.memwal_delegate_key or "",
             settings.memwal_account_id or "",
             clock=clock,
+            # Landed blobs are looked up on chain: only objects the server wallet
+            # owns can be renewed, so only those are registered.
+            chain=chain,
         )
 
     # --- payments ---------------------------------------------------------------------

@@ -75,7 +75,7 @@ class Settings(BaseSettings):
     initial_epochs: int = Field(default=5, ge=1, le=53)
     renew_threshold_epochs: int = Field(default=2, ge=0, le=52)
     target_runway_epochs: int = Field(default=5, ge=1, le=53)
-    renew_batch: int = Field(default=200, ge=1, le=1000)
+    renew_batch: int = Field(default=200, ge=1, le=800)
     completion_deadline_seconds: int = Field(default=900, ge=1)
     stale_hold_seconds: int = Field(default=86_400, ge=60)
 

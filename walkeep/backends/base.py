@@ -91,8 +91,11 @@ class ChainRejected(ChainError):
     """The transaction was refused or failed on chain: nothing was applied.
 
     Terminal for this transaction (e.g. an expired blob, the 53-epoch cap,
-    insufficient WAL). Safe to release holds.
+    insufficient WAL). Safe to release holds. ``problems`` (blob object id →
+    reason), when present, names the blobs that caused the refusal.
     """
+
+    problems: dict[str, str] = {}
 
 
 class ChainUnavailable(ChainError):
@@ -191,6 +194,15 @@ class Chain(Protocol):
 
     def get_transaction(self, digest: str) -> TxEffects | None:
         """Look a transaction up again (reconciliation, audit). None if unknown."""
+        ...
+
+    def can_still_land(self, tx_bytes: str) -> bool:
+        """Could this signed-but-unconfirmed transaction still be executed later?
+
+        Reconciliation releases an intent's holds only once the answer is False
+        (e.g. a Sui transaction past its expiration epoch), so a transaction
+        that lands late is never left unbilled.
+        """
         ...
 
     def explorer_tx_url(self, digest: str) -> str: ...

@@ -599,7 +599,9 @@ class MemWalRelayer:
         be found before the write counts as landed: until the chain shows it (its
         index can trail the relayer by a few checkpoints) the job stays PENDING, so
         the service's deadline, not a silent unrenewable registration, decides.
-        Owned by someone else: LANDED with the placeholders (module docstring).
+        Owned by someone else: FAILED — Walkeep cannot renew it, so it must not be
+        registered or billed. Without a chain (tests, tooling): LANDED with the
+        placeholders (module docstring).
         """
         if self._chain is None or is_resolved(blob):
             return JobStatus(JobState.LANDED, blob=blob)
@@ -615,7 +617,23 @@ class MemWalRelayer:
         if ours:
             log.info("memwal blob %s landed but is not on chain yet", blob.blob_id)
             return JobStatus(JobState.PENDING)
-        return JobStatus(JobState.LANDED, blob=blob)
+        # Walkeep can only renew Blob objects its own wallet owns. Registering (and
+        # billing) a memory nobody will renew would break the product's promise, so
+        # this write counts as failed: the hold is released and the operator told.
+        log.error(
+            "memwal stored blob %s for owner %s, not for Walkeep's wallet: unrenewable",
+            blob.blob_id,
+            blob.owner or "(unknown)",
+        )
+        return JobStatus(
+            JobState.FAILED,
+            error=(
+                f"MemWal stored blob {blob.blob_id} for owner {blob.owner or '(unknown)'}, "
+                f"not for Walkeep's server wallet {self._chain.owner_address()}: Walkeep could "
+                "not renew it, so it was neither registered nor billed. The server wallet "
+                "(WALKEEP_SUI_PRIVATE_KEY) must own the MemWal account (WALKEEP_MEMWAL_ACCOUNT_ID)."
+            ),
+        )
 
     def read(self, account_id: str, blob_id: str) -> str:
         """Unsupported: MemWal has no read-by-id endpoint (text comes with recall)."""

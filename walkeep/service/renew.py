@@ -26,14 +26,17 @@ extension that didn't happen.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import socket
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from sqlalchemy import exists, select, update
+from sqlalchemy import exists, func, insert, select, text, update
 from sqlalchemy.orm import Session
 
 from walkeep import ledger, lifecycle, metrics, pricing, usage
@@ -83,16 +86,28 @@ class RenewReport:
     digests: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class _Due:
+    """A due blob as the claim reads it (plain values: the pass is set-based)."""
+
+    id: int
+    account_id: str | None
+    blob_object_id: str
+    end_epoch: int
+    storage_size: int
+    renew_failures: int
+
+
 @dataclass
 class _Claim:
     renewal_id: int
     prepared: PreparedTx | None
-    items: list[RenewalItem]
+    blob_count: int
 
 
 # Due blobs were found but none could be submitted (unfunded → paused, or
 # refused → backed off): they drop out of the due query, so look again.
-_SKIPPED = _Claim(-1, None, [])
+_SKIPPED = _Claim(-1, None, 0)
 
 
 class CrashForTest(Exception):
@@ -100,6 +115,43 @@ class CrashForTest(Exception):
 
 
 def renew(rt: Runtime, *, max_batches: int | None = None, worker: str | None = None) -> RenewReport:
+    """One renewal pass (see the module docstring)."""
+    if getattr(rt.chain, "single_submitter", False) and rt.db.is_postgres:
+        with _submitter_lock(rt) as acquired:
+            if not acquired:
+                log.info("another worker is renewing for this wallet; skipping this pass")
+                return RenewReport()
+            return _renew(rt, max_batches=max_batches, worker=worker)
+    return _renew(rt, max_batches=max_batches, worker=worker)
+
+
+def _wallet_lock_key(rt: Runtime) -> int:
+    digest = hashlib.blake2b(rt.chain.owner_address().encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+@contextmanager
+def _submitter_lock(rt: Runtime) -> Iterator[bool]:
+    """A PostgreSQL advisory lock per server wallet, held for the whole pass.
+
+    On chains where two submitters would spend the same coin versions (Sui),
+    only one worker renews at a time; the others skip the pass. Session-level
+    so it spans the pass's transactions; released when the connection closes,
+    so a dead worker never leaves it behind.
+    """
+    key = _wallet_lock_key(rt)
+    with rt.db.engine.connect() as conn:
+        got = bool(conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar())
+        conn.commit()
+        try:
+            yield got
+        finally:
+            if got:
+                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+                conn.commit()
+
+
+def _renew(rt: Runtime, *, max_batches: int | None, worker: str | None) -> RenewReport:
     report = RenewReport()
     worker = worker or worker_name()
     report.resumed_memories = resume_eligible(rt)
@@ -150,11 +202,26 @@ def resume_eligible(rt: Runtime) -> int:
     return total
 
 
+def batch_size(rt: Runtime) -> int:
+    """WALKEEP_RENEW_BATCH, within what one transaction of this chain can carry."""
+    return max(
+        1,
+        min(rt.settings.renew_batch, int(getattr(rt.chain, "max_batch", rt.settings.renew_batch))),
+    )
+
+
 def _due_query(rt: Runtime, current: int, now):  # type: ignore[no-untyped-def]
     threshold = rt.settings.renew_threshold_epochs
     active = exists().where(Memory.blob_pk == Blob.id, Memory.status == MemoryStatus.ACTIVE)
     q = (
-        select(Blob)
+        select(
+            Blob.id,
+            Blob.account_id,
+            Blob.blob_object_id,
+            Blob.end_epoch,
+            Blob.storage_size,
+            Blob.renew_failures,
+        )
         .where(
             Blob.status == BlobStatus.LIVE,
             Blob.pending_renewal_id.is_(None),
@@ -164,7 +231,7 @@ def _due_query(rt: Runtime, current: int, now):  # type: ignore[no-untyped-def]
             active,
         )
         .order_by(Blob.end_epoch, Blob.id)
-        .limit(rt.settings.renew_batch)
+        .limit(batch_size(rt))
     )
     if rt.db.is_postgres:
         # NO KEY UPDATE: compatible with the KEY SHARE locks of concurrent
@@ -178,23 +245,25 @@ def _claim_batch(rt: Runtime, current: int, worker: str, report: RenewReport) ->
     price = rt.settings.renewal_price_mc_per_unit_epoch
     target = rt.settings.target_runway_epochs
     with rt.db.begin() as s:
-        blobs = list(s.scalars(_due_query(rt, current, now)))
+        blobs = [_Due(*row) for row in s.execute(_due_query(rt, current, now))]
         if not blobs:
             return None
-        by_account: dict[str | None, list[tuple[Blob, int, int]]] = defaultdict(list)
+        by_account: dict[str | None, list[tuple[_Due, int, int]]] = defaultdict(list)
+        capped: list[int] = []
         for b in blobs:
             k = lifecycle.extension_epochs(b.end_epoch, current, target)
             if k <= 0:
-                # Nothing can be added (cap reached): look again next epoch.
-                b.renew_not_before = now + timedelta(seconds=rt.chain.epoch_info().duration_seconds)
+                capped.append(b.id)  # nothing can be added (cap): look again next epoch
                 continue
             by_account[b.account_id].append(
                 (b, k, pricing.renewal_cost_mc(b.storage_size, k, price))
             )
+        if capped:
+            next_epoch = now + timedelta(seconds=rt.chain.epoch_info().duration_seconds)
+            s.execute(update(Blob).where(Blob.id.in_(capped)).values(renew_not_before=next_epoch))
 
-        funded: list[tuple[Blob, int, int]] = []
-        holds: dict[str, int] = {}
-        unfunded: list[Blob] = []
+        funded: list[tuple[_Due, int, int]] = []
+        unfunded: list[int] = []
         for account_id in sorted(a for a in by_account if a is not None):
             entries = by_account[account_id]
             lock = select(Account.balance_mc, Account.held_mc).where(Account.id == account_id)
@@ -208,17 +277,12 @@ def _claim_batch(rt: Runtime, current: int, worker: str, report: RenewReport) ->
                     spent += cost
                     funded.append((blob, k, cost))
                 else:
-                    unfunded.append(blob)
-            if spent:
-                holds[account_id] = spent
+                    unfunded.append(blob.id)
 
         if unfunded:
             res = s.execute(
                 update(Memory)
-                .where(
-                    Memory.blob_pk.in_([b.id for b in unfunded]),
-                    Memory.status == MemoryStatus.ACTIVE,
-                )
+                .where(Memory.blob_pk.in_(unfunded), Memory.status == MemoryStatus.ACTIVE)
                 .values(status=MemoryStatus.PAUSED, status_changed_at=now)
             )
             paused = int(res.rowcount or 0)
@@ -227,77 +291,108 @@ def _claim_batch(rt: Runtime, current: int, worker: str, report: RenewReport) ->
             log.warning("paused %d memories on %d unfunded blobs", paused, len(unfunded))
         if not funded:
             return _SKIPPED
-        funded, prepared = _prepare_checked(rt, funded, now)
+        funded, prepared = _prepare_checked(rt, s, funded, now)
         if prepared is None:
             return _SKIPPED
-        # Holds may have shrunk if some blobs were refused at prepare time.
-        holds = defaultdict(int)
+        holds: dict[str, int] = defaultdict(int)
         for blob, _k, cost in funded:
             if blob.account_id:
                 holds[blob.account_id] += cost
-        renewal = Renewal(
-            digest=prepared.digest,
-            network=rt.chain.network,
-            status="intent",
-            walrus_epoch=prepared.epoch,
-            blob_count=len(funded),
-            cost_mc=sum(c for _, _, c in funded),
-            tx_bytes=prepared.tx_bytes,
-            worker=worker,
-            created_at=now,
-        )
-        s.add(renewal)
-        s.flush()
-        items = []
-        for blob, k, cost in funded:
-            item = RenewalItem(
-                renewal_id=renewal.id,
-                blob_pk=blob.id,
-                account_id=blob.account_id,
-                epochs=k,
-                old_end_epoch=blob.end_epoch,
-                new_end_epoch=blob.end_epoch + k,
-                cost_mc=cost,
-                hold_ref=_hold_ref(renewal.id, blob.account_id) if blob.account_id else None,
+        renewal_id = s.execute(
+            insert(Renewal)
+            .values(
+                digest=prepared.digest,
+                network=rt.chain.network,
+                status="intent",
+                walrus_epoch=prepared.epoch,
+                blob_count=len(funded),
+                cost_mc=sum(c for _, _, c in funded),
+                tx_bytes=prepared.tx_bytes,
+                worker=worker,
+                created_at=now,
             )
-            items.append(item)
-            blob.pending_renewal_id = renewal.id
-            blob.updated_at = now
-        s.add_all(items)
-        for account_id, amount in holds.items():
+            .returning(Renewal.id)
+        ).scalar_one()
+        s.execute(
+            insert(RenewalItem),
+            [
+                {
+                    "renewal_id": renewal_id,
+                    "blob_pk": blob.id,
+                    "account_id": blob.account_id,
+                    "epochs": k,
+                    "old_end_epoch": blob.end_epoch,
+                    "new_end_epoch": blob.end_epoch + k,
+                    "cost_mc": cost,
+                    "hold_ref": _hold_ref(renewal_id, blob.account_id) if blob.account_id else None,
+                }
+                for blob, k, cost in funded
+            ],
+        )
+        # The intent is the lease: other workers skip blobs that point at one.
+        s.execute(
+            update(Blob)
+            .where(Blob.id.in_([b.id for b, _, _ in funded]))
+            .values(pending_renewal_id=renewal_id, updated_at=now)
+        )
+        for account_id, amount in sorted(holds.items()):
             ledger.hold(
                 s,
                 account_id,
                 amount,
-                ref=_hold_ref(renewal.id, account_id),
+                ref=_hold_ref(renewal_id, account_id),
                 memo=f"renewal {prepared.digest}",
             )
-        s.flush()
-        return _Claim(renewal.id, prepared, items)
+        return _Claim(renewal_id, prepared, len(funded))
 
 
 def _prepare_checked(
     rt: Runtime,
-    funded: list[tuple[Blob, int, int]],
+    s: Session,
+    funded: list[tuple[_Due, int, int]],
     now,  # type: ignore[no-untyped-def]
-) -> tuple[list[tuple[Blob, int, int]], PreparedTx | None]:
+) -> tuple[list[tuple[_Due, int, int]], PreparedTx | None]:
     """Prepare the batch; if the chain refuses it, drop the blobs it refuses (e.g.
     lapsed since we read them) so one bad blob never blocks the others."""
     try:
         return funded, rt.chain.prepare_extend([(b.blob_object_id, k) for b, k, _ in funded])
-    except ChainRejected:
-        pass
-    kept = []
-    for blob, k, cost in funded:
-        try:
-            rt.chain.prepare_extend([(blob.blob_object_id, k)])
-            kept.append((blob, k, cost))
-        except ChainRejected as exc:
-            blob.renew_failures += 1
-            blob.renew_not_before = now + timedelta(seconds=_backoff(blob.renew_failures))
-            log.warning("chain refuses to extend %s: %s", blob.blob_object_id, exc)
+    except ChainRejected as exc:
+        problems = dict(getattr(exc, "problems", {}) or {})
+    refused: list[_Due] = []
+    kept: list[tuple[_Due, int, int]] = []
+    if problems:  # the chain named the culprits: drop exactly those
+        for entry in funded:
+            if entry[0].blob_object_id in problems:
+                refused.append(entry[0])
+                log.warning(
+                    "chain refuses to extend %s: %s",
+                    entry[0].blob_object_id,
+                    problems[entry[0].blob_object_id],
+                )
+            else:
+                kept.append(entry)
+    else:  # probe one by one
+        for entry in funded:
+            try:
+                rt.chain.prepare_extend([(entry[0].blob_object_id, entry[1])])
+                kept.append(entry)
+            except ChainRejected as exc:
+                refused.append(entry[0])
+                log.warning("chain refuses to extend %s: %s", entry[0].blob_object_id, exc)
+    for blob in refused:
+        failures = blob.renew_failures + 1
+        s.execute(
+            update(Blob)
+            .where(Blob.id == blob.id)
+            .values(
+                renew_failures=failures,
+                renew_not_before=now + timedelta(seconds=_backoff(failures)),
+            )
+        )
     if not kept:
         return kept, None
+    if problems:
+        return _prepare_checked(rt, s, kept, now)
     return kept, rt.chain.prepare_extend([(b.blob_object_id, k) for b, k, _ in kept])
 
 
@@ -342,71 +437,137 @@ def _record(
     threshold = rt.settings.renew_threshold_epochs
     by_object = {e.blob_object_id: e for e in effects.extensions}
     with rt.db.begin() as s:
-        renewal = s.get(Renewal, renewal_id, with_for_update=rt.db.is_postgres)
-        if renewal is None or renewal.status != "intent":
+        renewal = s.execute(
+            _maybe_lock(rt, select(Renewal.status).where(Renewal.id == renewal_id))
+        ).scalar_one_or_none()
+        if renewal != "intent":
             return False
-        items = list(s.scalars(select(RenewalItem).where(RenewalItem.renewal_id == renewal_id)))
+        items = s.execute(
+            select(
+                RenewalItem.id,
+                RenewalItem.account_id,
+                RenewalItem.new_end_epoch,
+                Blob.id,
+                Blob.blob_object_id,
+                Blob.end_epoch,
+                Blob.renewals_performed,
+            )
+            .join(Blob, Blob.id == RenewalItem.blob_pk)
+            .where(RenewalItem.renewal_id == renewal_id)
+        ).all()
+        blob_rows = []
+        item_fixes = []
+        for item_id, _acct, planned_end, blob_pk, object_id, end_epoch, performed in items:
+            ext = by_object.get(object_id)
+            new_end = ext.new_end_epoch if ext else planned_end
+            if new_end != planned_end:
+                item_fixes.append({"id": item_id, "new_end_epoch": new_end})
+            final_end = max(end_epoch, new_end)
+            blob_rows.append(
+                {
+                    "id": blob_pk,
+                    "end_epoch": final_end,
+                    "renewals_performed": performed + 1,
+                    "last_renewal_tx": effects.digest,
+                    "next_renewal_epoch": lifecycle.next_renewal_epoch(final_end, threshold),
+                    "pending_renewal_id": None,
+                    "renew_failures": 0,
+                    "renew_not_before": None,
+                    "updated_at": now,
+                }
+            )
+        if blob_rows:
+            s.execute(update(Blob), blob_rows)
+        if item_fixes:
+            s.execute(update(RenewalItem), item_fixes)
         captured = 0
-        for item in items:
-            blob = s.get(Blob, item.blob_pk)
-            assert blob is not None
-            ext = by_object.get(blob.blob_object_id)
-            new_end = ext.new_end_epoch if ext else item.new_end_epoch
-            item.new_end_epoch = new_end
-            blob.end_epoch = max(blob.end_epoch, new_end)
-            blob.renewals_performed += 1
-            blob.last_renewal_tx = effects.digest
-            blob.next_renewal_epoch = lifecycle.next_renewal_epoch(blob.end_epoch, threshold)
-            blob.pending_renewal_id = None
-            blob.renew_failures = 0
-            blob.renew_not_before = None
-            blob.updated_at = now
-        for account_id in sorted({i.account_id for i in items if i.account_id}):
+        for account_id in sorted({row[1] for row in items if row[1]}):
             entry = ledger.capture(
                 s, account_id, _hold_ref(renewal_id, account_id), memo=f"renewal {effects.digest}"
             )
             captured += entry.amount_mc
-        renewal.status = "confirmed"
-        renewal.wal_cost_frost = effects.wal_cost_frost
-        renewal.gas_used = effects.gas_used
-        renewal.submitted_at = renewal.submitted_at or now
-        renewal.settled_at = now
+        s.execute(
+            update(Renewal)
+            .where(Renewal.id == renewal_id)
+            .values(
+                status="confirmed",
+                wal_cost_frost=effects.wal_cost_frost,
+                gas_used=effects.gas_used,
+                submitted_at=func.coalesce(Renewal.submitted_at, now),
+                settled_at=now,
+            )
+        )
+    n = len(items)
     metrics.RENEWAL_TXS.labels("confirmed").inc()
-    metrics.RENEWED_BLOBS.inc(len(items))
-    metrics.BLOBS_PER_TX.observe(len(items))
+    metrics.RENEWED_BLOBS.inc(n)
+    metrics.BLOBS_PER_TX.observe(n)
     metrics.RENEWAL_WAL_FROST.inc(effects.wal_cost_frost or 0)
     metrics.CREDITS_CAPTURED_MC.labels("renewal").inc(captured)
     if report is not None:
         report.transactions += 1
-        report.blobs_renewed += len(items)
+        report.blobs_renewed += n
         report.captured_mc += captured
         report.wal_cost_frost += effects.wal_cost_frost or 0
         report.digests.append(effects.digest)
-    log.info("renewal %s confirmed: %d blobs, %d mc captured", effects.digest, len(items), captured)
+    log.info(
+        "renewal confirmed",
+        extra={
+            "digest": effects.digest,
+            "blobs": n,
+            "captured_mc": captured,
+            "explorer": rt.chain.explorer_tx_url(effects.digest),
+        },
+    )
     return True
+
+
+def _maybe_lock(rt: Runtime, q):  # type: ignore[no-untyped-def]
+    return q.with_for_update() if rt.db.is_postgres else q
 
 
 def _abandon(rt: Runtime, renewal_id: int, reason: str, *, backoff: bool) -> bool:
     """The transaction did not happen: release holds, free the blobs."""
     now = rt.clock.now()
     with rt.db.begin() as s:
-        renewal = s.get(Renewal, renewal_id, with_for_update=rt.db.is_postgres)
-        if renewal is None or renewal.status != "intent":
+        status = s.execute(
+            _maybe_lock(rt, select(Renewal.status).where(Renewal.id == renewal_id))
+        ).scalar_one_or_none()
+        if status != "intent":
             return False
-        items = list(s.scalars(select(RenewalItem).where(RenewalItem.renewal_id == renewal_id)))
-        for account_id in sorted({i.account_id for i in items if i.account_id}):
+        items = s.execute(
+            select(RenewalItem.account_id, Blob.id, Blob.renew_failures)
+            .join(Blob, Blob.id == RenewalItem.blob_pk)
+            .where(RenewalItem.renewal_id == renewal_id)
+        ).all()
+        for account_id in sorted({a for a, _, _ in items if a}):
             ledger.release(s, account_id, _hold_ref(renewal_id, account_id), memo=reason[:200])
-        for item in items:
-            blob = s.get(Blob, item.blob_pk)
-            assert blob is not None
-            blob.pending_renewal_id = None
-            if backoff:
-                blob.renew_failures += 1
-                blob.renew_not_before = now + timedelta(seconds=_backoff(blob.renew_failures))
-            blob.updated_at = now
-        renewal.status = "failed" if backoff else "abandoned"
-        renewal.error = reason[:1000]
-        renewal.settled_at = now
+        if items:
+            s.execute(
+                update(Blob),
+                [
+                    {
+                        "id": blob_pk,
+                        "pending_renewal_id": None,
+                        "updated_at": now,
+                        **(
+                            {
+                                "renew_failures": failures + 1,
+                                "renew_not_before": now + timedelta(seconds=_backoff(failures + 1)),
+                            }
+                            if backoff
+                            else {}
+                        ),
+                    }
+                    for _a, blob_pk, failures in items
+                ],
+            )
+        s.execute(
+            update(Renewal)
+            .where(Renewal.id == renewal_id)
+            .values(
+                status="failed" if backoff else "abandoned", error=reason[:1000], settled_at=now
+            )
+        )
     log.warning("renewal %d released: %s", renewal_id, reason)
     return True
 
@@ -454,6 +615,11 @@ def reconcile_renewals(
                     .where(RenewalItem.renewal_id == renewal_id)
                 )
             )
+        with rt.db.read() as s:
+            tx_bytes = s.scalar(select(Renewal.tx_bytes).where(Renewal.id == renewal_id))
+        if effects is None and tx_bytes and rt.chain.can_still_land(tx_bytes):
+            report.waiting += 1  # signed and maybe in flight: judge it after it expires
+            continue
         applied = True
         for object_id, _old_end, new_end in items:
             obj = rt.chain.get_blob(object_id)

@@ -55,3 +55,7 @@ class LocalChain:
 
     def explorer_object_url(self, object_id: str) -> str:
         return f"{self.public_url}/explorer/object/{object_id}"
+
+    def can_still_land(self, tx_bytes: str) -> bool:
+        """Never: a local transaction executes synchronously inside ``execute`` or not at all."""
+        return False

@@ -868,6 +868,13 @@ class SuiChain:
 
         return self._run(_get())
 
+    # Two submitters spending the same WAL/gas coin versions would equivocate and
+    # lock the coins until the epoch ends: renewal passes must not overlap.
+    single_submitter = True
+
+    def can_still_land(self, tx_bytes: str) -> bool:
+        return not self.is_expired(tx_bytes)
+
     def is_expired(self, tx: PreparedTx | str) -> bool:
         """True once the Sui epoch is past the transaction's expiration: it can never land.
 
