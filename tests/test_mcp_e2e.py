@@ -371,3 +371,40 @@ def test_stdio_transport(settings, db, tmp_path: Path) -> None:  # type: ignore[
             await call_err(c, "check_runway", {"memory_id": "mem_nope"}, "NOT_FOUND")
 
     anyio.run(go)
+
+
+def test_top_up_through_mcp_with_stripe_is_credited_once_by_webhook(settings, clock, db) -> None:  # type: ignore[no-untyped-def]
+    from fakes.stripe_checkout import FakeStripe
+
+    secret = "whsec_e2e_test"
+    with FakeStripe("sk_test_e2e", clock=clock.time, webhook_secret=secret) as fake:
+        settings.stripe_secret_key = "sk_test_e2e"
+        settings.stripe_webhook_secret = secret
+        settings.stripe_api_base = fake.url
+        with Server(settings, clock, db) as srv:
+            assert srv.rt.payments.provider == "stripe"
+            fake.webhook_url = f"{srv.url}/webhooks/stripe"
+            key = accounts.create_account(db, "payer").api_key
+
+            async def go() -> None:
+                async with mcp_client(srv, key) as c:
+                    assert (await call_ok(c, "check_balance"))["balance_credits"] == 0
+                    link = await call_ok(c, "top_up", {"amount_usd": 5, "request_id": "t-1"})
+                    again = await call_ok(c, "top_up", {"amount_usd": 5, "request_id": "t-1"})
+                    assert again["checkout_url"] == link["checkout_url"]
+                    assert fake.sessions_created == 1 and link["amount_usd"] == 5.0
+                    (session_id,) = fake.sessions
+                    events = await anyio.to_thread.run_sync(lambda: fake.complete(session_id))
+                    for _ in range(5):  # Stripe delivers at least once: duplicates change nothing
+                        for ev in events:
+                            await anyio.to_thread.run_sync(lambda ev=ev: fake.deliver(ev))
+                    assert all(d.status == 200 for _, d in fake.deliveries)
+                    bal = await call_ok(c, "check_balance")
+                    assert bal["balance_credits"] == 500 and bal["balance_usd"] == 5.0
+                    tampered = await anyio.to_thread.run_sync(
+                        lambda: fake.deliver(events[0], tamper=True)
+                    )
+                    assert tampered.status == 400
+                    assert (await call_ok(c, "check_balance"))["balance_credits"] == 500
+
+            anyio.run(go)

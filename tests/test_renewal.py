@@ -60,6 +60,8 @@ def test_renews_early_at_the_threshold_and_bills_once(rt: Runtime, clock) -> Non
     )
     tx = rt.chain.get_transaction(v.last_renewal_tx)
     assert tx is not None and tx.success
+    with rt.db.read() as s:  # the renewal record carries the URL an auditor opens
+        assert s.scalar(select(Renewal.explorer_url)) == v.last_renewal_url
     assert [(e.old_end_epoch, e.new_end_epoch) for e in tx.extensions] == [
         (start.end_epoch, v.end_epoch)
     ]

@@ -19,6 +19,24 @@ from walkeep.service.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
+# Public Walrus endpoints (notes/walrus-sui.md §1.5). Mainnet has no public
+# publisher: a mainnet deployment runs its own and must set the URL.
+WALRUS_DEFAULTS: dict[str, dict[str, str]] = {
+    "testnet": {
+        "publisher": "https://publisher.walrus-testnet.walrus.space",
+        "aggregator": "https://aggregator.walrus-testnet.walrus.space",
+    },
+    "mainnet": {"aggregator": "https://aggregator.walrus-mainnet.walrus.space"},
+}
+
+
+def walrus_urls(settings: Settings) -> tuple[str | None, str | None]:
+    defaults = WALRUS_DEFAULTS.get(settings.network, {})
+    return (
+        settings.walrus_publisher_url or defaults.get("publisher"),
+        settings.walrus_aggregator_url or defaults.get("aggregator"),
+    )
+
 
 @dataclass(frozen=True)
 class ConfigProblem:
@@ -48,13 +66,15 @@ def check_config(settings: Settings) -> list[ConfigProblem]:
             )
         )
     if relayer == "walrus":
-        if not settings.walrus_publisher_url:
+        publisher, aggregator = walrus_urls(settings)
+        if not publisher:
+            hint = " (mainnet has no public publisher: run your own)" if net == "mainnet" else ""
             p.append(
                 ConfigProblem(
-                    "WALKEEP_WALRUS_PUBLISHER_URL", "required with WALKEEP_RELAYER=walrus"
+                    "WALKEEP_WALRUS_PUBLISHER_URL", "required with WALKEEP_RELAYER=walrus" + hint
                 )
             )
-        if not settings.walrus_aggregator_url:
+        if not aggregator:
             p.append(
                 ConfigProblem(
                     "WALKEEP_WALRUS_AGGREGATOR_URL", "required with WALKEEP_RELAYER=walrus"
@@ -159,10 +179,9 @@ def build_runtime(
         else:
             from walkeep.backends.walrus import WalrusBlobStore
 
+            publisher, aggregator = walrus_urls(settings)
             store = WalrusBlobStore(
-                settings.walrus_publisher_url or "",
-                settings.walrus_aggregator_url or "",
-                jwt=settings.walrus_publisher_jwt,
+                publisher or "", aggregator or "", jwt=settings.walrus_publisher_jwt
             )
         embedder = load_embedder(settings)
         extras["embedder"] = embedder

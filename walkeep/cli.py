@@ -339,6 +339,54 @@ def devnet(
     serve_devnet(network, host=host, port=port)
 
 
+@app.command()
+def doctor(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Check configuration and connectivity; say exactly what is missing."""
+    from walkeep.ops import doctor as run_doctor
+
+    report = run_doctor(_settings())
+    if as_json:
+        typer.echo(json.dumps({"ok": report.ok, "checks": [c.__dict__ for c in report.checks]}))
+    else:
+        for c in report.checks:
+            mark = "ok  " if c.ok else "FAIL"
+            typer.echo(
+                f"[{mark}] {c.name}: {c.detail}"
+                + (f"\n       → {c.fix}" if c.fix and not c.ok else "")
+            )
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+@app.command()
+def smoke(
+    network: Annotated[
+        str | None,
+        typer.Option("--network", help="local | testnet | mainnet (default: configured)"),
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the write to land.")] = 600,
+) -> None:
+    """Store a memory, wait for it to land, renew it, print the renewal's explorer URL."""
+    from walkeep.ops import smoke as run_smoke
+
+    settings = _settings()
+    if network is not None:
+        if network not in ("local", "testnet", "mainnet"):
+            raise CliError("--network must be local, testnet or mainnet")
+        relayer = (
+            settings.relayer if network == "local" or settings.relayer != "local" else "walrus"
+        )
+        settings = settings.model_copy(update={"network": network, "relayer": relayer})
+    result = run_smoke(settings, timeout_seconds=timeout, say=lambda m: typer.echo(m, err=True))
+    typer.echo(
+        f"OK in {result.seconds:.0f}s: memory {result.memory_id}, blob {result.blob_id}\n"
+        f"  blob object {result.blob_object_id}\n"
+        f"  end_epoch {result.end_epoch_before} → {result.end_epoch_after}\n"
+        f"  renewal {result.digest}\n"
+        f"  {result.explorer_url}"
+    )
+
+
 def _resolve_account(db: Database, ref: str) -> str:
     if ref.startswith("acct_"):
         return ref
@@ -365,6 +413,8 @@ def main(argv: list[str] | None = None) -> None:
         _die(str(exc))
     except SQLAlchemyError as exc:
         _die(f"database error: {_first_line(exc)}")
+    except RuntimeError as exc:  # smoke: the flow stopped with a reason
+        _die(str(exc))
     except KeyboardInterrupt:
         _die("interrupted", code=130)
 

@@ -88,7 +88,9 @@ class Settings(BaseSettings):
 
     # --- serving -----------------------------------------------------------------------
     public_url: str = "http://127.0.0.1:8080"
-    allowed_hosts: list[str] = Field(default_factory=list)
+    allowed_hosts: str = Field(
+        default="", description="Comma-separated extra Host names accepted on /mcp."
+    )
     api_key: str | None = None
     namespace: str | None = None
 
@@ -115,6 +117,10 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{self.data_dir / 'walkeep.db'}"
+
+    @property
+    def allowed_host_list(self) -> list[str]:
+        return [h.strip() for h in self.allowed_hosts.split(",") if h.strip()]
 
     @property
     def localnet_dir(self) -> Path:

@@ -44,7 +44,7 @@ def transport_security(rt: Runtime) -> TransportSecuritySettings:
     if public.hostname:
         hosts.update({public.netloc, f"{public.hostname}:*", public.hostname})
         origins.add(f"{public.scheme}://{public.netloc}")
-    for h in rt.settings.allowed_hosts:
+    for h in rt.settings.allowed_host_list:
         hosts.update({h, f"{h}:*"} if ":" not in h else {h})
         origins.update({f"https://{h}", f"http://{h}"})
     return TransportSecuritySettings(
@@ -210,11 +210,17 @@ def readiness(rt: Runtime) -> dict[str, object]:
         }
     except Exception as exc:
         checks["chain"] = {"ok": False, "network": rt.chain.network, "error": str(exc)}
-    embedder = rt.extras.get("embedder")
-    checks["embedder"] = {
-        "ok": True,
-        "model": getattr(embedder, "model_id", None) if embedder is not None else "relayer-side",
-    }
+    if rt.extras.get("embedder") is not None:
+        from walkeep.index.embedder import embedder_status
+
+        st = embedder_status()
+        checks["embedder"] = {
+            "ok": True,
+            "model": st.model_id if st else None,
+            "fallback_reason": st.fallback_reason if st else None,
+        }
+    else:
+        checks["embedder"] = {"ok": True, "model": "relayer-side (MemWal embeds)"}
     backend = checks["backend"]
     writes = backend.get("writes", "paused") if backend.get("ok") else "paused"
     ready = bool(checks["database"]["ok"] and checks["chain"]["ok"])

@@ -207,6 +207,8 @@ class Renewal(Base):
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     digest: Mapped[str] = mapped_column(String(100), unique=True)
     network: Mapped[str] = mapped_column(String(16))
+    # Where an auditor checks this transaction (Suiscan, or the local explorer).
+    explorer_url: Mapped[str | None] = mapped_column(String(300))
     # intent | confirmed | failed | abandoned
     status: Mapped[str] = mapped_column(String(16))
     walrus_epoch: Mapped[int] = mapped_column(Integer)

@@ -84,6 +84,7 @@ class RenewReport:
     captured_mc: int = 0
     wal_cost_frost: int = 0
     digests: list[str] = field(default_factory=list)
+    explorer_urls: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,6 +304,7 @@ def _claim_batch(rt: Runtime, current: int, worker: str, report: RenewReport) ->
             .values(
                 digest=prepared.digest,
                 network=rt.chain.network,
+                explorer_url=rt.chain.explorer_tx_url(prepared.digest),
                 status="intent",
                 walrus_epoch=prepared.epoch,
                 blob_count=len(funded),
@@ -509,6 +511,7 @@ def _record(
         report.captured_mc += captured
         report.wal_cost_frost += effects.wal_cost_frost or 0
         report.digests.append(effects.digest)
+        report.explorer_urls.append(rt.chain.explorer_tx_url(effects.digest))
     log.info(
         "renewal confirmed",
         extra={

@@ -1,0 +1,170 @@
+"""Operations: configuration refusal, doctor, smoke, first run, the worker process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from walkeep.bootstrap import build_runtime, check_config
+from walkeep.config import Settings
+from walkeep.errors import ConfigurationError
+from walkeep.ops import doctor, smoke
+
+
+def _problems(**kw: object) -> dict[str, str]:
+    return {p.setting: p.message for p in check_config(Settings(**kw))}  # type: ignore[arg-type]
+
+
+def test_wrong_combinations_refuse_to_boot_saying_what_to_set(tmp_path: Path) -> None:
+    assert _problems(data_dir=tmp_path) == {}
+    assert "WALKEEP_NETWORK" in _problems(data_dir=tmp_path, relayer="memwal")
+    p = _problems(data_dir=tmp_path, network="testnet", relayer="memwal")
+    assert {
+        "WALKEEP_MEMWAL_URL",
+        "WALKEEP_MEMWAL_DELEGATE_KEY",
+        "WALKEEP_MEMWAL_ACCOUNT_ID",
+        "WALKEEP_SUI_PRIVATE_KEY",
+    } <= set(p)
+    assert "WALKEEP_RELAYER" in _problems(data_dir=tmp_path, network="testnet")
+    # Testnet has public Walrus endpoints; mainnet has no public publisher.
+    assert "WALKEEP_WALRUS_PUBLISHER_URL" not in _problems(
+        data_dir=tmp_path, network="testnet", relayer="walrus"
+    )
+    main = _problems(data_dir=tmp_path, network="mainnet", relayer="walrus")
+    assert "run your own" in main["WALKEEP_WALRUS_PUBLISHER_URL"]
+    assert "STRIPE_SECRET_KEY" in main  # never give real-money credits away in TEST MODE
+    assert "STRIPE_WEBHOOK_SECRET" in _problems(data_dir=tmp_path, stripe_secret_key="sk_test_x")
+    bad_key = _problems(
+        data_dir=tmp_path, network="testnet", relayer="memwal", memwal_delegate_key="zz"
+    )
+    assert "hex" in bad_key["WALKEEP_MEMWAL_DELEGATE_KEY"]
+    with pytest.raises(ConfigurationError, match="WALKEEP_RELAYER"):
+        build_runtime(Settings(data_dir=tmp_path, network="testnet"))
+
+
+def test_doctor_passes_on_the_embedded_default(settings: Settings) -> None:
+    from walkeep.db import migrate
+
+    migrate.upgrade(settings.db_url)
+    report = doctor(settings)
+    assert report.ok, [c for c in report.checks if not c.ok]
+    names = {c.name for c in report.checks}
+    assert {
+        "database",
+        "chain",
+        "storage backend",
+        "embedder",
+        "payments",
+        "encryption key",
+    } <= names
+
+
+def test_doctor_names_what_is_missing(tmp_path: Path) -> None:
+    report = doctor(Settings(data_dir=tmp_path, network="testnet", relayer="walrus"))
+    assert not report.ok
+    failing = {c.name: c for c in report.checks if not c.ok}
+    assert failing["config WALKEEP_SUI_PRIVATE_KEY"].fix == "set WALKEEP_SUI_PRIVATE_KEY"
+    # An unmigrated database is reported with the command that fixes it.
+    assert "walkeep migrate" in failing["database"].fix
+
+
+def test_smoke_runs_the_whole_promise_on_the_local_network(settings: Settings, clock) -> None:  # type: ignore[no-untyped-def]
+    lines: list[str] = []
+    result = smoke(settings, say=lines.append, clock=clock, timeout_seconds=30)
+    assert result.end_epoch_after > result.end_epoch_before
+    assert result.explorer_url.endswith(f"/explorer/tx/{result.digest}")
+    assert any("landed" in line for line in lines)
+
+
+def test_first_run_creates_a_default_account_and_a_private_credentials_file(
+    settings: Settings,
+) -> None:
+    from walkeep.cli import first_run
+    from walkeep.db import Database
+    from walkeep.service import accounts
+
+    db = Database(settings.db_url)
+    first_run(settings, db)
+    creds_path = settings.data_dir / "credentials.json"
+    creds = json.loads(creds_path.read_text())
+    assert stat.S_IMODE(creds_path.stat().st_mode) == 0o600
+    assert creds["mcp_url"] == "http://127.0.0.1:8080/mcp"
+    principal = accounts.authenticate(db, creds["api_key"])
+    assert accounts.get_account(db, principal.account_id).balance_mc == 100_000  # $1.00 promo
+    first_run(settings, db)  # idempotent: never a second account
+    assert accounts.find_account_by_name(db, "default") == principal.account_id
+
+
+def test_client_configs_are_ready_to_paste() -> None:
+    from walkeep.onboarding import client_configs
+
+    text = client_configs("http://127.0.0.1:8080/mcp", "wk_live_abc")
+    assert (
+        'claude mcp add --transport http walkeep http://127.0.0.1:8080/mcp --header "Authorization: Bearer wk_live_abc"'
+        in text
+    )
+    blocks = [b for b in text.split("\n\n") if b.strip().startswith("{") or "{\n" in b]
+    parsed = [json.loads(b[b.index("{") :]) for b in blocks]
+    assert parsed[0]["mcpServers"]["walkeep"]["headers"]["Authorization"] == "Bearer wk_live_abc"
+    assert parsed[1]["mcpServers"]["walkeep"]["command"] == "walkeep"
+
+
+def test_worker_process_runs_jobs_and_stops_gracefully_on_sigterm(
+    settings: Settings, tmp_path: Path
+) -> None:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("WALKEEP_", "STRIPE_"))},
+        "HOME": str(tmp_path),
+        "WALKEEP_DATA_DIR": str(settings.data_dir),
+        "WALKEEP_DATABASE_URL": settings.db_url,
+        "WALKEEP_MASTER_KEY": settings.master_key or "",
+        "WALKEEP_EMBEDDER": "hash",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "worker"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[str] = []
+    assert proc.stderr is not None
+    deadline = time.monotonic() + 60
+    jobs_seen: set[str] = set()
+    while time.monotonic() < deadline and len(jobs_seen) < 5:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("msg") == "job done":
+            jobs_seen.add(record["job"])
+    assert jobs_seen == {
+        "complete_writes",
+        "renew",
+        "reconcile_renewals",
+        "sweep",
+        "reconcile_payments",
+    }, lines
+    if settings.db_url.startswith("sqlite"):  # a second worker on SQLite refuses to start
+        second = subprocess.run(
+            [sys.executable, "-m", "worker"], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert (
+            second.returncode != 0 and "another Walkeep worker is already running" in second.stderr
+        )
+    proc.send_signal(signal.SIGTERM)
+    _, rest = proc.communicate(timeout=60)
+    assert proc.returncode == 0, rest
+    assert "worker stopped" in rest

@@ -1,0 +1,250 @@
+"""Operator checks: ``walkeep doctor`` and ``walkeep smoke``.
+
+``doctor`` answers "will this configuration work?" without changing
+anything: every check names what to set when it fails. ``smoke`` runs the
+product's whole promise once, for real — store, wait for the write to land,
+renew it, print the renewal's explorer URL — against the configured network
+(the local one offline; testnet on a machine with internet).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from walkeep.config import Settings
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+@dataclass
+class DoctorReport:
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    def add(self, name: str, fn: Callable[[], str], fix: str = "") -> Any:
+        try:
+            detail = fn()
+            self.checks.append(Check(name, True, detail))
+            return True
+        except Exception as exc:  # every failure becomes one line with a fix
+            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            self.checks.append(Check(name, False, msg, fix))
+            return False
+
+
+def doctor(settings: Settings) -> DoctorReport:
+    from walkeep.bootstrap import build_runtime, check_config
+    from walkeep.db import Database, redact
+    from walkeep.db import migrate as migrations
+
+    report = DoctorReport()
+    problems = check_config(settings)
+    for p in problems:
+        report.checks.append(Check(f"config {p.setting}", False, p.message, f"set {p.setting}"))
+    if not problems:
+        report.checks.append(
+            Check(
+                "config",
+                True,
+                f"network={settings.network} relayer={settings.relayer} "
+                f"payments={settings.payments_provider}",
+            )
+        )
+
+    db = Database(settings.db_url)
+
+    def database() -> str:
+        db.ping()
+        heads = migrations.current_heads(settings.db_url)
+        from alembic.script import ScriptDirectory
+
+        script = ScriptDirectory.from_config(migrations.alembic_config(settings.db_url))
+        head = script.get_current_head()
+        if heads != {head}:
+            raise RuntimeError(f"schema at {sorted(heads) or 'nothing'}, code expects {head}")
+        return f"{redact(settings.db_url)} ({db.dialect}, schema at {head})"
+
+    report.add("database", database, "check WALKEEP_DATABASE_URL, then run `walkeep migrate`")
+    db.dispose()
+
+    def master_key() -> str:
+        from walkeep.crypto import load_master_key, master_key_id
+
+        key = load_master_key(settings)
+        source = (
+            "WALKEEP_MASTER_KEY" if settings.master_key else str(settings.data_dir / "master.key")
+        )
+        note = ""
+        if not settings.master_key and not settings.db_url.startswith("sqlite"):
+            note = " — with a shared database, give every process the same WALKEEP_MASTER_KEY"
+        return f"key {master_key_id(key)} from {source}{note}"
+
+    if settings.relayer != "memwal":
+        report.add(
+            "encryption key", master_key, "set WALKEEP_MASTER_KEY to base64 of 32 random bytes"
+        )
+
+    if problems:
+        return report  # the runtime can't be built; the config lines say why
+    try:
+        rt = build_runtime(settings, with_completer=False)
+    except Exception as exc:
+        report.checks.append(Check("runtime", False, str(exc).splitlines()[0], "see the message"))
+        return report
+
+    report.add(
+        "chain",
+        lambda: (
+            f"{rt.chain.network}: Walrus epoch {rt.chain.current_epoch()}, server wallet "
+            f"{rt.chain.owner_address()}, storage price {rt.chain.storage_price_frost()} FROST/MiB/epoch"
+        ),
+        "check WALKEEP_SUI_GRPC_URL and that the node is reachable"
+        if settings.network != "local"
+        else "check WALKEEP_DATA_DIR is writable",
+    )
+
+    def backend() -> str:
+        h = rt.relayer.health()
+        if not h.ok:
+            raise RuntimeError(f"{rt.relayer.name} unhealthy: {h.detail or 'unreachable'}")
+        return f"{rt.relayer.name}: writes {h.writes}" + (f" ({h.detail})" if h.detail else "")
+
+    fix = {
+        "walrus": "check WALKEEP_WALRUS_PUBLISHER_URL / WALKEEP_WALRUS_AGGREGATOR_URL",
+        "memwal": "check WALKEEP_MEMWAL_URL and the delegate key registration",
+    }.get(settings.relayer, "check WALKEEP_DATA_DIR")
+    report.add("storage backend", backend, fix)
+
+    embedder = rt.extras.get("embedder")
+    if embedder is not None:
+
+        def embed() -> str:
+            from walkeep.index.embedder import embedder_status
+
+            embedder.embed(["doctor check"])
+            st = embedder_status()
+            fb = f" (fallback: {st.fallback_reason})" if st and st.fallback_reason else ""
+            return f"{embedder.model_id}, dim {embedder.dim}{fb}"
+
+        report.add(
+            "embedder", embed, "install onnxruntime/tokenizers, or set WALKEEP_EMBEDDER=hash"
+        )
+
+    def payments() -> str:
+        if rt.payments.provider == "local":
+            if settings.network != "local":
+                raise RuntimeError("local TEST MODE payments on a real network give credits away")
+            return "local TEST MODE checkout (no Stripe keys set)"
+        client = rt.payments.client  # type: ignore[attr-defined]
+        client.v1.checkout.sessions.list(params={"limit": 1})
+        return (
+            "Stripe reachable; webhook endpoint: "
+            + settings.public_url.rstrip("/")
+            + "/webhooks/stripe"
+        )
+
+    report.add("payments", payments, "set STRIPE_SECRET_KEY and STRIPE_WEBHOOK_SECRET")
+    return report
+
+
+@dataclass
+class SmokeResult:
+    memory_id: str
+    blob_id: str
+    blob_object_id: str
+    digest: str
+    explorer_url: str
+    end_epoch_before: int
+    end_epoch_after: int
+    seconds: float
+
+
+def smoke(
+    settings: Settings,
+    *,
+    timeout_seconds: float = 600,
+    say: Callable[[str], None] = print,
+    clock: Any = None,
+) -> SmokeResult:
+    """Store → land → renew one epoch → explorer URL, through the real service code.
+
+    Uses a dedicated ``smoke`` account (granted one dollar of credits if low).
+    The memory is stored with one epoch of runway, so it is immediately due
+    and the ordinary renewal pass extends it (target runway: two epochs).
+    """
+    from walkeep.bootstrap import build_runtime
+    from walkeep.db import Database
+    from walkeep.db import migrate as migrations
+    from walkeep.service import accounts, completion, renew, runway, store
+
+    settings = settings.model_copy(
+        update={"initial_epochs": 1, "renew_threshold_epochs": 1, "target_runway_epochs": 2}
+    )
+    migrations.upgrade(settings.db_url)
+    db = Database(settings.db_url, clock=clock) if clock is not None else None
+    rt = build_runtime(settings, clock=clock, database=db, with_completer=False)
+    started = time.monotonic()
+    account_id = (
+        accounts.find_account_by_name(rt.db, "smoke")
+        or accounts.create_account(rt.db, "smoke").account_id
+    )
+    if accounts.get_account(rt.db, account_id).available_mc < 50_000:
+        accounts.grant(rt.db, account_id, 100_000, reason="smoke test credits")
+    say(f"network {rt.chain.network}, storage {rt.relayer.name}, wallet {rt.chain.owner_address()}")
+    text = f"Walkeep smoke test memory written at {rt.clock.now().isoformat()}"
+    receipt = store.store(
+        rt, account_id, content=text, request_id=f"smoke-{int(time.time() * 1000)}"
+    )
+    say(f"stored: {receipt.memory_id} ({receipt.status}); waiting for the write to land…")
+    delay = 0.5
+    while True:
+        outcome = completion.settle(rt, receipt.memory_id)
+        if outcome == completion.Outcome.LANDED or outcome == completion.Outcome.SETTLED:
+            break
+        if outcome == completion.Outcome.FAILED or time.monotonic() - started > timeout_seconds:
+            raise RuntimeError(f"the write did not land ({outcome}); see the worker logs")
+        say(f"  still storing after {time.monotonic() - started:.0f}s")
+        time.sleep(delay)
+        delay = min(delay * 2, 10)
+    before = runway.check_runway(rt, account_id, receipt.memory_id).memories[0]
+    if before.status != "active":
+        raise RuntimeError(f"memory is {before.status}, expected active")
+    say(f"landed: end_epoch {before.end_epoch} (runway {before.runway_epochs}); renewing…")
+    report = renew.renew(rt, max_batches=5)
+    after = runway.check_runway(rt, account_id, receipt.memory_id).memories[0]
+    if not after.last_renewal_tx or after.renewals_performed < 1:
+        raise RuntimeError(
+            f"no renewal happened (report: {report}); check the wallet's WAL and SUI balance"
+        )
+    from sqlalchemy import select
+
+    from walkeep.db.models import Blob, Memory
+
+    with rt.db.read() as s:
+        blob_id, object_id = s.execute(
+            select(Blob.blob_id, Blob.blob_object_id)
+            .join(Memory, Memory.blob_pk == Blob.id)
+            .where(Memory.id == receipt.memory_id)
+        ).one()
+    return SmokeResult(
+        memory_id=receipt.memory_id,
+        blob_id=blob_id,
+        blob_object_id=object_id,
+        digest=after.last_renewal_tx,
+        explorer_url=rt.chain.explorer_tx_url(after.last_renewal_tx),
+        end_epoch_before=before.end_epoch or 0,
+        end_epoch_after=after.end_epoch or 0,
+        seconds=time.monotonic() - started,
+    )
