@@ -3,9 +3,10 @@
 Starts ``walkeep serve`` (SQLite, local network, in-process worker) in a
 separate process on a fresh data dir, then runs N concurrent MCP clients
 (the official SDK client, Streamable HTTP) calling ``store`` with distinct
-request ids for a fixed duration. Prints accepts/s, p50/p99 latency, and how
-many of the accepted writes had landed by the end (completion runs in the
-background concurrently, on the same two cores).
+request ids for a fixed duration. Prints accepts/s and p50/p99 latency, then
+waits until every accepted write has landed and been billed (completion runs
+in the background concurrently, on the same two cores) and prints the
+sustained end-to-end rate.
 
     python bench/store.py [--clients 16] [--seconds 20] [--client sdk|wire]
 
@@ -172,12 +173,19 @@ def main() -> None:
         lat, errors, elapsed = anyio.run(
             run, url, creds["api_key"], args.clients, args.seconds, args.client
         )
-        time.sleep(2)
-        runway = httpx.get(
-            f"http://127.0.0.1:{port}/v1/check_runway",
-            headers={"Authorization": f"Bearer {creds['api_key']}"},
-            timeout=60,
-        ).json()["account"]
+        # Sustained capacity: how long until every accepted write has landed and
+        # been billed (completion kept running during the burst, sharing the CPU).
+        drain_start = time.monotonic()
+        while True:
+            runway = httpx.get(
+                f"http://127.0.0.1:{port}/v1/check_runway",
+                headers={"Authorization": f"Bearer {creds['api_key']}"},
+                timeout=60,
+            ).json()["account"]
+            if runway["active"] >= len(lat) or time.monotonic() - drain_start > 300:
+                break
+            time.sleep(1)
+        drain = time.monotonic() - drain_start
     finally:
         proc.terminate()
         proc.wait(30)
@@ -192,7 +200,8 @@ def main() -> None:
         f"p99 {lat[int(n * 0.99) - 1] * 1000:.1f} ms, max {lat[-1] * 1000:.1f} ms"
     )
     print(
-        f"landed by the end (+2 s): {runway['active']} of {n} (completion runs in the background)"
+        f"completion: {runway['active']} of {n} landed and billed {drain:.1f}s after the burst "
+        f"→ {runway['active'] / (elapsed + drain):.0f} stores/s end to end (sustained)"
     )
     print(f"target >= 200 accepts/s: {'PASS' if n / elapsed >= 200 else 'MISS'}")
 

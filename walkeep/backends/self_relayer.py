@@ -23,9 +23,9 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -211,6 +211,50 @@ class SelfRelayer:
                     self._unlease(leased)
                     raise
         return out
+
+    def work_due(self, limit: int = 64) -> list[tuple[str, str, JobStatus]]:
+        """Work the oldest due writes (a job queue, for the in-process completer and the
+        worker): returns ``(job_id, idempotency_key, status)`` for each job taken."""
+        now = self.clock.now()
+        with self.db.read() as s:
+            candidates = list(
+                s.scalars(
+                    select(WriteJob.id)
+                    .where(
+                        WriteJob.status.in_(["pending", "uploaded"]),
+                        WriteJob.not_before <= now,
+                        (WriteJob.lease_until.is_(None)) | (WriteJob.lease_until < now),
+                    )
+                    .order_by(WriteJob.not_before)
+                    .limit(limit)
+                )
+            )
+        if not candidates:
+            return []
+        leased = self._lease(candidates, now)
+        if not leased:
+            return []
+        try:
+            statuses = self._work(leased)
+        except Exception:
+            self._unlease(leased)
+            raise
+        with self.db.read() as s:
+            keys = dict(
+                s.execute(
+                    select(WriteJob.id, WriteJob.idempotency_key).where(WriteJob.id.in_(leased))
+                ).all()
+            )
+        return [(j, keys[j], statuses.get(j, JobStatus(JobState.PENDING))) for j in leased]
+
+    def next_due(self) -> datetime | None:
+        """When the earliest waiting write becomes due (None: nothing waiting)."""
+        with self.db.read() as s:
+            return s.scalar(
+                select(func.min(WriteJob.not_before)).where(
+                    WriteJob.status.in_(["pending", "uploaded"])
+                )
+            )
 
     def _lease(self, job_ids: list[str], now) -> list[str]:  # type: ignore[no-untyped-def]
         with self.db.begin() as s:

@@ -34,7 +34,7 @@ from walkeep.db.models import Blob, Memory, Request
 from walkeep.errors import WalkeepError
 from walkeep.lifecycle import BlobStatus, MemoryStatus
 from walkeep.service.runtime import Runtime
-from walkeep.service.store import hold_ref, job_key
+from walkeep.service.store import hold_ref, job_key, parse_job_key
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,57 @@ def settle_many(rt: Runtime, memory_ids: list[str]) -> dict[str, tuple[Outcome, 
             log.exception("registering a batch failed; registering one by one")
             for m, blob in landed:
                 out[m.id] = (_register(rt, m, blob), None)
+    return out
+
+
+@dataclass
+class Drained:
+    taken: int = 0
+    landed: int = 0
+    failed: int = 0
+
+
+def drain_due(rt: Runtime, limit: int = BATCH) -> Drained:
+    """Work the relayer's due writes as a queue and settle their memories.
+
+    Only for relayers that run the writes themselves (``work_due``); ``taken``
+    is 0 when nothing is due right now.
+    """
+    out = Drained()
+    work_due = getattr(rt.relayer, "work_due", None)
+    if work_due is None:
+        return out
+    taken = work_due(limit)
+    out.taken = len(taken)
+    if not taken:
+        return out
+    by_memory: dict[str, tuple[int, JobStatus]] = {}
+    for _job_id, key, status in taken:
+        parsed = parse_job_key(key)
+        if parsed is not None:
+            by_memory[parsed[0]] = (parsed[1], status)
+    with rt.db.read() as s:
+        memories = list(s.scalars(select(Memory).where(Memory.id.in_(list(by_memory)))))
+    landed: list[tuple[Memory, BlobObject]] = []
+    for m in memories:
+        attempt, status = by_memory[m.id]
+        if m.attempt != attempt and status.state != JobState.LANDED:
+            continue  # an old attempt's job: nothing to settle
+        if status.state == JobState.LANDED and status.blob is not None:
+            landed.append((m, status.blob))  # also records orphans of abandoned attempts
+        elif (
+            status.state == JobState.FAILED
+            and m.status == MemoryStatus.STORING
+            and _fail(rt, m, status.error or "the write failed") == Outcome.FAILED
+        ):
+            out.failed += 1
+    if landed:
+        try:
+            outcomes = [o for _, o in _register_batch(rt, landed)]
+        except Exception:
+            log.exception("registering a batch failed; registering one by one")
+            outcomes = [_register(rt, m, blob) for m, blob in landed]
+        out.landed += outcomes.count(Outcome.LANDED)
     return out
 
 
@@ -321,6 +372,16 @@ def complete_writes(
     for mid in stuck:
         if recover_accepting(rt, mid) != Outcome.SETTLED:
             report.recovered += 1
+    # Self-run writes: work the queue until nothing is due.
+    while True:
+        stop = rt.extras.get("stop")
+        if stop is not None and stop.is_set():
+            return report
+        drained = drain_due(rt)
+        report.landed += drained.landed
+        report.failed += drained.failed
+        if not drained.taken:
+            break
     stop = rt.extras.get("stop")
     for i in range(0, len(storing), BATCH):
         if stop is not None and stop.is_set():
@@ -356,7 +417,9 @@ class Completer:
     # How long to sleep when the relayer says when a write can first be due.
     MAX_HINTED_DELAY = 60.0
 
-    def __init__(self, rt: Runtime, *, threads: int = 2) -> None:
+    # One thread: on a small machine a second one mostly competes with request
+    # threads for the GIL and SQLite's writer (measured: bench/store.py).
+    def __init__(self, rt: Runtime, *, threads: int = 1) -> None:
         self.rt = rt
         self._heap: list[_Item] = []
         self._cv = threading.Condition()
@@ -367,6 +430,9 @@ class Completer:
             for i in range(threads)
         ]
         self._started = False
+        self._queue_mode = getattr(rt.relayer, "work_due", None) is not None
+        self._kicks = 0
+        self._idle_waiters = 0
 
     def start(self) -> None:
         if not self._started:
@@ -384,16 +450,58 @@ class Completer:
 
     def submit(self, memory_id: str, delay: float = 0.0) -> None:
         with self._cv:
-            heapq.heappush(self._heap, _Item(time.monotonic() + delay, memory_id))
+            if self._queue_mode:
+                self._kicks += 1  # the queue is in the database: just wake a thread
+            else:
+                heapq.heappush(self._heap, _Item(time.monotonic() + delay, memory_id))
             self._cv.notify()
+
+    def _run_queue(self) -> None:
+        """Self-run relayer: the work queue lives in ``write_jobs``; take what is due."""
+        while True:
+            with self._cv:
+                if self._stop:
+                    return
+                self._inflight += 1
+                self._kicks = 0
+            worked = 0
+            crashed = False
+            try:
+                worked = drain_due(self.rt).taken
+            except Exception:
+                crashed = True
+                log.exception("working due writes failed; retrying shortly")
+            with self._cv:
+                self._inflight -= 1
+                self._cv.notify_all()
+                if self._stop or (worked and not crashed):
+                    continue
+                # Nothing due (or a failure): sleep until the next write is due,
+                # or a new one arrives; after a failure, back off first.
+                wait = self.MAX_DELAY
+                if not crashed:
+                    if self._kicks:
+                        continue
+                    try:
+                        nxt = self.rt.relayer.next_due()  # type: ignore[attr-defined]
+                        if nxt is not None:
+                            wait = min(wait, max(0.0, (nxt - self.rt.clock.now()).total_seconds()))
+                    except Exception:
+                        log.exception("next_due failed")
+                if wait > 0:
+                    self._idle_waiters += 1
+                    self._cv.wait(wait)
+                    self._idle_waiters -= 1
 
     def pending(self) -> int:
         with self._cv:
-            return len(self._heap) + self._inflight
+            return len(self._heap) + self._inflight + self._kicks
 
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """Block until nothing is queued or running (tests, graceful shutdown)."""
         end = time.monotonic() + timeout
+        if self._queue_mode:
+            return self._wait_queue_idle(end)
         with self._cv:
             while self._heap or self._inflight:
                 left = end - time.monotonic()
@@ -402,7 +510,24 @@ class Completer:
                 self._cv.wait(min(left, 0.05))
         return True
 
+    def _wait_queue_idle(self, end: float) -> bool:
+        """Idle = no write is due now and no thread is working one."""
+        while time.monotonic() < end:
+            with self._cv:
+                busy = self._inflight or self._kicks
+            if not busy:
+                nxt = self.rt.relayer.next_due()  # type: ignore[attr-defined]
+                if nxt is None or nxt > self.rt.clock.now():
+                    with self._cv:
+                        if not (self._inflight or self._kicks):
+                            return True
+            time.sleep(0.01)
+        return False
+
     def _run(self) -> None:
+        if getattr(self.rt.relayer, "work_due", None) is not None:
+            self._run_queue()
+            return
         while True:
             with self._cv:
                 while not self._stop and (not self._heap or self._heap[0].due > time.monotonic()):

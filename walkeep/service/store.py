@@ -68,6 +68,12 @@ def job_key(memory_id: str, attempt: int) -> str:
     return f"{memory_id}:{attempt}"
 
 
+def parse_job_key(key: str) -> tuple[str, int] | None:
+    """(memory_id, attempt) from a relayer idempotency key, or None if not ours."""
+    memory_id, sep, attempt = key.rpartition(":")
+    return (memory_id, int(attempt)) if sep and attempt.isdigit() else None
+
+
 def validate_metadata(rt: Runtime, metadata: dict[str, str] | None) -> dict[str, str]:
     s = rt.settings
     md = dict(metadata or {})
