@@ -62,6 +62,6 @@ def test_hot_query_indexes_exist(db_url: str) -> None:
         req_uq = {tuple(u["column_names"]) for u in insp.get_unique_constraints("requests")}
     finally:
         engine.dispose()
-    assert ("status", "end_epoch") in blob_ix  # due-for-renewal scan
+    assert ("status", "end_epoch", "id") in blob_ix  # due-for-renewal scan, in order
     assert ("account_id", "namespace", "status") in mem_ix
     assert ("account_id", "tool", "request_id") in req_uq

@@ -164,7 +164,9 @@ class Blob(Base):
     updated_at: Mapped[datetime]
 
     __table_args__ = (
-        Index(None, "status", "end_epoch"),
+        # The due-for-renewal scan: in (end_epoch, id) order, so a batch is read
+        # straight off the index and the scan stops at the batch size.
+        Index(None, "status", "end_epoch", "id"),
         Index(None, "account_id", "blob_id"),
     )
 
@@ -193,7 +195,9 @@ class Memory(Base):
 
     __table_args__ = (
         Index(None, "account_id", "namespace", "status"),
-        Index(None, "blob_pk"),
+        # "Does this blob hold an active memory?" (renewal) is one probe of this
+        # index, whatever the planner's statistics say after a burst of inserts.
+        Index(None, "blob_pk", "status"),
         Index(None, "status", "accepted_at"),
         Index(None, "account_id", "content_hash"),
     )
