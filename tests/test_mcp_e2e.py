@@ -232,12 +232,14 @@ def test_insufficient_balance_then_top_up_then_replay(live: Server) -> None:
             assert link["checkout_url"].startswith(live.url + "/checkout/")
             same = await call_ok(c, "top_up", {"amount_usd": amount, "request_id": "t-1"})
             assert same["checkout_url"] == link["checkout_url"]
-            # The human pays on the local TEST MODE checkout page.
+            # The human pays on the local TEST MODE checkout page (twice: credited once).
             async with httpx.AsyncClient() as h:
                 page = await h.get(link["checkout_url"])
                 assert "TEST MODE" in page.text
-                paid = await h.post(link["checkout_url"] + "/pay")
-                assert paid.status_code == 200
+                for _ in range(2):
+                    paid = await h.post(link["checkout_url"] + "/pay")
+                    assert paid.status_code == 200
+            assert (await call_ok(c, "check_balance"))["balance_credits"] == amount * 100
             replay = await call_ok(c, "store", {"content": "remember this", "request_id": "r-1"})
             assert replay["status"] == "storing"
 
@@ -292,6 +294,34 @@ def test_every_error_code(live: Server) -> None:
                 assert "secret" not in crash["message"]
             finally:
                 rt.relayer.search = original  # type: ignore[method-assign]
+
+    anyio.run(go)
+
+
+def test_a_renewal_digest_resolves_in_the_local_explorer(live: Server, clock) -> None:  # type: ignore[no-untyped-def]
+    from walkeep.service import renew
+
+    rt = live.rt
+    created = accounts.create_account(rt.db, "auditor", credits_mc=10_000)
+
+    async def go() -> None:
+        async with mcp_client(live, created.api_key) as c:
+            mid = (await call_ok(c, "store", {"content": "audit me", "request_id": "a1"}))[
+                "memory_id"
+            ]
+            await anyio.to_thread.run_sync(wait_landed, rt)
+            clock.advance(rt.chain.epoch_info().duration_seconds * 3)
+            report = await anyio.to_thread.run_sync(renew.renew, rt)
+            assert report.transactions == 1
+            m = (await call_ok(c, "check_runway", {"memory_id": mid}))["memories"][0]
+            assert m["renewals_performed"] == 1 and m["last_renewal_tx"]
+            async with httpx.AsyncClient() as h:
+                page = await h.get(m["last_renewal_url"])
+                data = (await h.get(m["last_renewal_url"], params={"format": "json"})).json()
+            assert page.status_code == 200 and m["last_renewal_tx"] in page.text
+            assert "network: local" in page.text.lower()
+            assert data["network"] == "local" and data["digest"] == m["last_renewal_tx"]
+            assert data["calls"][0]["new_end_epoch"] == m["end_epoch"]
 
     anyio.run(go)
 
@@ -389,6 +419,12 @@ def test_top_up_through_mcp_with_stripe_is_credited_once_by_webhook(settings, cl
             async def go() -> None:
                 async with mcp_client(srv, key) as c:
                     assert (await call_ok(c, "check_balance"))["balance_credits"] == 0
+                    fake.outage = "500"  # Stripe down: typed error, nothing final recorded
+                    down = await call_err(
+                        c, "top_up", {"amount_usd": 5, "request_id": "t-1"}, "PAYMENTS_UNAVAILABLE"
+                    )
+                    assert "same request_id" in down["message"]
+                    fake.outage = None
                     link = await call_ok(c, "top_up", {"amount_usd": 5, "request_id": "t-1"})
                     again = await call_ok(c, "top_up", {"amount_usd": 5, "request_id": "t-1"})
                     assert again["checkout_url"] == link["checkout_url"]

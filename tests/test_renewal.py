@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 
 import pytest
@@ -291,33 +290,66 @@ def _seed_due_blobs(rt: Runtime, n: int, accounts_n: int = 5, credits: int = 10_
     return accts
 
 
+WORKER_PROCESS = """
+import json, os, sys
+from datetime import datetime
+from walkeep.bootstrap import build_runtime
+from walkeep.clock import ManualClock
+from walkeep.config import Settings
+from walkeep.service import renew
+rt = build_runtime(Settings(), clock=ManualClock(datetime.fromisoformat(os.environ["AT"])),
+                   with_completer=False)
+print("ready", flush=True)
+sys.stdin.readline()  # start together
+r = renew.renew(rt, worker=os.environ["WORKER"])
+print(json.dumps({"transactions": r.transactions, "blobs": r.blobs_renewed}), flush=True)
+"""
+
+
 @pytest.mark.postgres
-def test_two_workers_on_postgres_renew_each_blob_exactly_once(
-    rt: Runtime, settings, clock, db_url
+def test_two_worker_processes_on_postgres_renew_each_blob_exactly_once(
+    rt: Runtime, settings, clock, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
-    from walkeep.bootstrap import build_runtime
-    from walkeep.db import Database
+    import json
+    import os
+    import subprocess
+    import sys
 
-    rt.settings.renew_batch = 50
     accts = _seed_due_blobs(rt, 1000)
-    other = build_runtime(
-        settings, clock=clock, database=Database(db_url, clock=clock), with_completer=False
-    )
-    reports: list[renew.RenewReport] = []
-    barrier = threading.Barrier(2)
-
-    def work(r: Runtime, name: str) -> None:
-        barrier.wait()
-        reports.append(renew.renew(r, worker=name))
-
-    threads = [threading.Thread(target=work, args=(x, f"w{i}")) for i, x in enumerate((rt, other))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert all(r.transactions > 0 for r in reports), "both workers took part"
-    total_blobs = sum(r.blobs_renewed for r in reports)
-    total_txs = sum(r.transactions for r in reports)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("WALKEEP_", "STRIPE_"))},
+        "HOME": str(tmp_path),
+        "WALKEEP_DATA_DIR": str(settings.data_dir),
+        "WALKEEP_DATABASE_URL": settings.db_url,
+        "WALKEEP_MASTER_KEY": settings.master_key,
+        "WALKEEP_EMBEDDER": "hash",
+        "WALKEEP_RENEW_BATCH": "50",
+        "AT": clock.now().isoformat(),
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER_PROCESS],
+            env={**env, "WORKER": f"w{i}"},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    for p in procs:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    for p in procs:  # the barrier: both begin at once
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    reports = []
+    for p in procs:
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 0
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    assert all(r["transactions"] > 0 for r in reports), f"both workers took part: {reports}"
+    total_blobs = sum(r["blobs"] for r in reports)
+    total_txs = sum(r["transactions"] for r in reports)
     assert total_blobs == 1000
     assert 20 <= total_txs <= 22  # ceil(1000 / 50), give or take a short batch each
 
