@@ -17,11 +17,11 @@ import httpx
 from sqlalchemy import func, select
 
 from tests.helpers import account
-from walkeep import ledger
+from walkeep import ledger, usage
 from walkeep.bootstrap import build_runtime
 from walkeep.clock import ManualClock
 from walkeep.db import Database
-from walkeep.db.models import LedgerEntry, Memory
+from walkeep.db.models import Account, LedgerEntry, Memory
 from walkeep.service import accounts, completion, store
 from walkeep.service.runtime import Runtime
 
@@ -44,6 +44,9 @@ def _invariant_holds(rt: Runtime, account_id: str) -> None:
         assert landed == captures
         assert ledger.open_holds(s, account_id) == []
         assert ledger.recompute(s, account_id) == ledger.balance(s, account_id)
+        # The quota counter agrees with the memories it summarises.
+        cached = s.scalar(select(Account.usage_bytes).where(Account.id == account_id))
+        assert cached == usage.recount(s, account_id)
 
 
 def test_crash_after_claim_before_relayer_accept_is_released(

@@ -9,8 +9,8 @@ import pytest
 from sqlalchemy import func, select
 
 from tests.helpers import account, land_all
-from walkeep import ledger
-from walkeep.db.models import LedgerEntry, Memory, Request, WriteJob
+from walkeep import ledger, usage
+from walkeep.db.models import Account, LedgerEntry, Memory, Request, WriteJob
 from walkeep.errors import (
     InsufficientBalance,
     QuotaExceeded,
@@ -174,6 +174,8 @@ def test_terminal_failure_releases_and_the_request_id_is_not_poisoned(rt: Runtim
     assert _bal(rt, a) == ledger.Balance(4000, 0)
     assert store.store(rt, a, content="fact", request_id="r1").status == "stored"
     with rt.db.read() as s:
+        acct = s.get(Account, a)
+        assert acct is not None and acct.usage_bytes == usage.recount(s, a) == len("fact")
         kinds = [
             e.kind
             for e in s.scalars(
@@ -199,6 +201,7 @@ def test_write_past_its_deadline_is_released_and_a_late_blob_is_an_orphan(
     # The write lands later anyway: a blob nobody pays for, never renewed.
     with rt.db.read() as s:
         job_id = s.scalar(select(Memory.job_id).where(Memory.id == r.memory_id))
+        assert usage.recount(s, a) == s.get(Account, a).usage_bytes == 0  # type: ignore[union-attr]
     clock.advance(10 * 60 * 60)
     assert rt.relayer.poll(job_id).state == "landed"
     report = renew.sweep(rt)

@@ -10,11 +10,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from walkeep.backends.base import Faults
+from walkeep.backends.base import BlobStore, Chain, Faults, Relayer
 from walkeep.clock import Clock, SystemClock
 from walkeep.config import Settings
 from walkeep.db import Database
 from walkeep.errors import ConfigurationError
+from walkeep.payments.base import Payments
 from walkeep.service.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -143,6 +144,9 @@ def build_runtime(
     clock = clock or SystemClock()
     db = database or Database(settings.db_url, clock=clock)
     extras: dict[str, object] = {}
+    chain: Chain
+    relayer: Relayer
+    payments: Payments
 
     # --- chain ----------------------------------------------------------------------
     if settings.network == "local":
@@ -172,6 +176,7 @@ def build_runtime(
         from walkeep.index.embedder import load_embedder
         from walkeep.index.vectors import VectorIndex
 
+        store: BlobStore
         if settings.relayer == "local":
             from walkeep.backends.localnet.blobstore import LocalBlobStore
 

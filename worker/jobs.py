@@ -61,7 +61,11 @@ def run_job(rt: Runtime, name: str) -> Any:
     elapsed = time.perf_counter() - started
     metrics.JOB_RUNS.labels(name, "ok").inc()
     metrics.JOB_DURATION.labels(name).observe(elapsed)
-    fields = dataclasses.asdict(report) if dataclasses.is_dataclass(report) else {"result": report}
+    fields = (
+        dataclasses.asdict(report)
+        if dataclasses.is_dataclass(report) and not isinstance(report, type)
+        else {"result": report}
+    )
     log.info("job done", extra={"job": name, "seconds": round(elapsed, 4), **fields})
     return report
 

@@ -7,7 +7,7 @@ envelope ``{code, message, data}`` with a fitting HTTP status.
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
@@ -29,7 +29,7 @@ from walkeep.service.schemas import (
     TopUpResult,
 )
 
-ERRORS = {
+ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "UNAUTHORIZED"},
     402: {"model": ErrorBody, "description": "INSUFFICIENT_BALANCE"},
     404: {"model": ErrorBody, "description": "NOT_FOUND"},

@@ -1,5 +1,5 @@
 """Database adapter: engine/transactions, ORM models, migrations."""
 
-from walkeep.db.engine import Database, make_engine, redact
+from walkeep.db.engine import Database, make_engine, redact, rowcount
 
-__all__ = ["Database", "make_engine", "redact"]
+__all__ = ["Database", "make_engine", "redact", "rowcount"]

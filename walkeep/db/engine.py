@@ -159,6 +159,11 @@ class Database:
         self.engine.dispose()
 
 
+def rowcount(result: Any) -> int:
+    """Rows matched by an UPDATE/DELETE (``Session.execute`` is typed as a plain Result)."""
+    return int(getattr(result, "rowcount", 0) or 0)
+
+
 def redact(url: str) -> str:
     """The URL without its password, for messages and logs."""
     try:

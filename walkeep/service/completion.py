@@ -30,6 +30,7 @@ from sqlalchemy.exc import IntegrityError
 
 from walkeep import ledger, lifecycle, usage
 from walkeep.backends.base import BlobObject, JobState, JobStatus
+from walkeep.db import rowcount
 from walkeep.db.models import Blob, Memory, Request
 from walkeep.errors import WalkeepError
 from walkeep.lifecycle import BlobStatus, MemoryStatus
@@ -263,7 +264,7 @@ def _fail(rt: Runtime, memory: Memory, reason: str) -> Outcome:
             )
             .values(status=MemoryStatus.FAILED, failure_reason=reason[:500], status_changed_at=now)
         )
-        if res.rowcount != 1:
+        if rowcount(res) != 1:
             return Outcome.SETTLED
         ledger.release(s, memory.account_id, hold_ref(memory.id, memory.attempt), memo=reason[:200])
         usage.release(s, memory.account_id, memory.size_bytes)
@@ -314,7 +315,7 @@ def recover_accepting(rt: Runtime, memory_id: str) -> Outcome:
                 status_changed_at=now,
             )
         )
-        if res.rowcount != 1:
+        if rowcount(res) != 1:
             return Outcome.SETTLED
         ledger.release(s, memory.account_id, hold_ref(memory.id, memory.attempt))
         usage.release(s, memory.account_id, memory.size_bytes)

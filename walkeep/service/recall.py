@@ -56,7 +56,11 @@ def recall(
     current = rt.chain.current_epoch()
     blob_ids = list(dict.fromkeys(h.blob_id for h in hits))
     q = (
-        select(Blob.blob_id, func.min(Memory.stored_at), func.max(Blob.end_epoch))
+        select(
+            Blob.blob_id,
+            func.min(func.coalesce(Memory.stored_at, Memory.accepted_at)),
+            func.max(Blob.end_epoch),
+        )
         .join(Memory, Memory.blob_pk == Blob.id)
         .where(
             Memory.account_id == account_id,

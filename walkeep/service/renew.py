@@ -41,6 +41,7 @@ from sqlalchemy.orm import Session
 
 from walkeep import ledger, lifecycle, metrics, pricing, usage
 from walkeep.backends.base import ChainError, ChainRejected, ChainUnavailable, PreparedTx, TxEffects
+from walkeep.db import rowcount
 from walkeep.db.models import Account, Blob, Memory, Renewal, RenewalItem
 from walkeep.errors import InsufficientBalance
 from walkeep.lifecycle import BlobStatus, MemoryStatus
@@ -70,7 +71,7 @@ def resume_paused(session: Session, account_id: str) -> int:
         .where(Memory.account_id == account_id, Memory.status == MemoryStatus.PAUSED)
         .values(status=MemoryStatus.ACTIVE, status_changed_at=now)
     )
-    return int(res.rowcount or 0)
+    return rowcount(res)
 
 
 @dataclass
@@ -286,7 +287,7 @@ def _claim_batch(rt: Runtime, current: int, worker: str, report: RenewReport) ->
                 .where(Memory.blob_pk.in_(unfunded), Memory.status == MemoryStatus.ACTIVE)
                 .values(status=MemoryStatus.PAUSED, status_changed_at=now)
             )
-            paused = int(res.rowcount or 0)
+            paused = rowcount(res)
             report.paused_memories += paused
             metrics.PAUSED_MEMORIES.inc(paused)
             log.warning("paused %d memories on %d unfunded blobs", paused, len(unfunded))
@@ -672,7 +673,7 @@ def sweep(rt: Runtime) -> SweepReport:
                 )
                 .values(status=MemoryStatus.EXPIRED, status_changed_at=now)
             )
-            report.expired_memories = int(res.rowcount or 0)
+            report.expired_memories = rowcount(res)
             s.execute(
                 update(Blob)
                 .where(Blob.id.in_(lapsed_ids))

@@ -35,6 +35,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from walkeep import ids, ledger, pricing, usage
+from walkeep.db import rowcount
 from walkeep.db.models import Memory, Request
 from walkeep.errors import (
     InsufficientBalance,
@@ -273,7 +274,7 @@ def _reclaim_failed(
                 status_changed_at=now,
             )
         )
-        if res.rowcount != 1:
+        if rowcount(res) != 1:
             return None  # someone else is retrying it
         _check_usage(rt, sess, memory.account_id, memory.size_bytes, now)
         _hold(rt, sess, memory.account_id, memory.id, attempt, cost_mc)

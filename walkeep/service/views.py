@@ -31,7 +31,9 @@ def resolve(session: Session, account_id: str, ident: str) -> list[tuple[Memory,
         q = q.where(Memory.id == ident)
     else:
         q = q.where(Blob.blob_id == ident)
-    rows = [(m, b) for m, b in session.execute(q.order_by(Memory.accepted_at))]
+    rows: list[tuple[Memory, Blob | None]] = [
+        (m, b) for m, b in session.execute(q.order_by(Memory.accepted_at))
+    ]
     if not rows:
         raise NotFound(
             "no memory with that memory_id or blob_id in this account",
