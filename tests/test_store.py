@@ -162,6 +162,18 @@ def test_relayer_unavailable_at_accept_bills_nothing_and_replay_retries(rt: Runt
     assert _bal(rt, a) == ledger.Balance(4000, 0)
 
 
+def test_a_replay_gets_its_answer_even_while_the_backend_is_down(rt: Runtime) -> None:
+    a = account(rt, credits=5)
+    r = store.store(rt, a, content="kept", request_id="r1")
+    land_all(rt)
+    rt.extras["faults"].unreachable = True
+    rt.relayer.invalidate_health()  # type: ignore[attr-defined]
+    again = store.store(rt, a, content="kept", request_id="r1")
+    assert again.status == "stored" and again.memory_id == r.memory_id
+    with pytest.raises(RelayerUnavailable):  # a new store still fails closed
+        store.store(rt, a, content="new", request_id="r2")
+
+
 def test_terminal_failure_releases_and_the_request_id_is_not_poisoned(rt: Runtime) -> None:
     a = account(rt, credits=5)
     rt.relayer.fail_next_jobs = 1

@@ -407,11 +407,16 @@ class _Item:
 
 
 class Completer:
-    """In-process driver: settles accepted stores right away, with backoff.
+    """In-process driver: settles accepted stores as soon as they can land.
 
-    Threads poll the relayer so the request thread never waits for a write.
-    Purely an accelerator: if the process dies, ``complete_writes`` finishes
-    the job from the database.
+    Two modes. With a self-run relayer (``work_due``) the queue lives in the
+    database: the thread takes whatever writes are due, oldest first, and
+    sleeps until the next is due or a store wakes it. With a remote relayer
+    (MemWal) it keeps a heap of memories to poll, in batches, backing off per
+    memory (or sleeping until the relayer says the write can be due).
+
+    Purely an accelerator: if the process dies, the worker's
+    ``complete_writes`` finishes the job from the database.
     """
 
     MAX_DELAY = 5.0
@@ -433,7 +438,6 @@ class Completer:
         self._started = False
         self._queue_mode = getattr(rt.relayer, "work_due", None) is not None
         self._kicks = 0
-        self._idle_waiters = 0
 
     def start(self) -> None:
         if not self._started:
@@ -490,9 +494,7 @@ class Completer:
                     except Exception:
                         log.exception("next_due failed")
                 if wait > 0:
-                    self._idle_waiters += 1
                     self._cv.wait(wait)
-                    self._idle_waiters -= 1
 
     def pending(self) -> int:
         with self._cv:
@@ -526,7 +528,7 @@ class Completer:
         return False
 
     def _run(self) -> None:
-        if getattr(self.rt.relayer, "work_due", None) is not None:
+        if self._queue_mode:
             self._run_queue()
             return
         while True:
@@ -538,18 +540,28 @@ class Completer:
                     self._cv.wait(wait if wait is not None else 1.0)
                 if self._stop:
                     return
-                item = heapq.heappop(self._heap)
-                self._inflight += 1
+                # Take everything that is due (up to a batch): one poll round, one commit.
+                now = time.monotonic()
+                items: dict[str, _Item] = {}
+                while self._heap and self._heap[0].due <= now and len(items) < BATCH:
+                    item = heapq.heappop(self._heap)
+                    items.setdefault(item.memory_id, item)
+                self._inflight += len(items)
             try:
-                outcome = settle(self.rt, item.memory_id)
+                results = settle_many(self.rt, list(items))
             except Exception:
-                log.exception("settling %s crashed; retrying", item.memory_id)
-                outcome = Outcome.PENDING
+                log.exception("settling %d writes crashed; retrying", len(items))
+                results = {m: (Outcome.PENDING, None) for m in items}
             with self._cv:
-                self._inflight -= 1
-                if outcome == Outcome.PENDING and not self._stop:
-                    delay = min(item.delay * 2, self.MAX_DELAY)
-                    heapq.heappush(
-                        self._heap, _Item(time.monotonic() + delay, item.memory_id, delay)
+                self._inflight -= len(items)
+                for mid, (outcome, hint) in results.items():
+                    if outcome != Outcome.PENDING or self._stop:
+                        continue
+                    delay = min(items[mid].delay * 2, self.MAX_DELAY)
+                    # The relayer may say when the write can first be due: sleep
+                    # until then instead of polling it again and again.
+                    wait = (
+                        min(max(hint, delay), self.MAX_HINTED_DELAY) if hint is not None else delay
                     )
+                    heapq.heappush(self._heap, _Item(time.monotonic() + wait, mid, delay))
                 self._cv.notify_all()

@@ -126,7 +126,15 @@ def store(
     deadline = time.monotonic() + JOIN_WAIT_SECONDS
     # Optimistic: a new request_id is the common case, so claim first; the
     # UNIQUE constraint tells us (cheaply) when it is a replay instead.
-    claimed = _claim(rt, account_id, request_id, fp, namespace, md, size, content, cost_mc)
+    try:
+        claimed = _claim(rt, account_id, request_id, fp, namespace, md, size, content, cost_mc)
+    except RelayerUnavailable:
+        # The backend is down — but a replay of a known request must still get
+        # its original answer, which needs no backend.
+        with rt.db.read() as sess:
+            if idempotency.find(sess, account_id, TOOL, request_id) is None:
+                raise
+        claimed = None
     if claimed is not None:
         return _accept(rt, claimed, content, attempt=1)
     while True:

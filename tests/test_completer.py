@@ -1,0 +1,93 @@
+"""The in-process completer, in both modes: a database queue (self-run relayer) and
+per-memory polling (remote relayers such as MemWal)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tests.helpers import account
+from walkeep.service import completion, runway, store
+from walkeep.service.runtime import Runtime
+
+
+class RemoteLike:
+    """The self-run relayer seen through a remote relayer's interface: accept and poll
+    only (no in-transaction accept, no work queue), counting polls."""
+
+    content_listable = False
+    name = "remote-like"
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.polls = 0
+
+    def health(self) -> Any:
+        return self.inner.health()
+
+    def accept(self, **kw: Any) -> str:
+        return str(self.inner.accept(**kw))
+
+    def poll(self, job_id: str) -> Any:
+        self.polls += 1
+        return self.inner.poll(job_id)
+
+    def read(self, *a: Any) -> Any:
+        return self.inner.read(*a)
+
+    def search(self, *a: Any) -> Any:
+        return self.inner.search(*a)
+
+    def list_contents(self, *a: Any) -> Any:
+        return None
+
+
+def _statuses(rt: Runtime, a: str) -> list[str]:
+    return sorted(m.status for m in runway.check_runway(rt, a).memories)
+
+
+def test_queue_mode_lands_everything_that_is_due(rt: Runtime) -> None:
+    rt.completer = completion.Completer(rt)
+    rt.completer.start()
+    try:
+        a = account(rt, credits=20)
+        for i in range(12):
+            store.store(rt, a, content=f"queued fact {i}", request_id=f"q{i}")
+        assert rt.completer.wait_idle(30)
+        assert _statuses(rt, a) == ["active"] * 12
+    finally:
+        rt.completer.stop()
+
+
+def test_polling_mode_batches_and_respects_the_relayers_due_time(rt: Runtime, clock) -> None:  # type: ignore[no-untyped-def]
+    remote = RemoteLike(rt.relayer)
+    rt.relayer = remote  # type: ignore[assignment]
+    rt.completer = completion.Completer(rt)
+    assert not rt.completer._queue_mode
+    rt.completer.start()
+    try:
+        a = account(rt, credits=20)
+        for i in range(6):
+            store.store(rt, a, content=f"polled fact {i}", request_id=f"p{i}")
+        assert rt.completer.wait_idle(30)
+        assert _statuses(rt, a) == ["active"] * 6
+
+        # A write the relayer says is due in an hour: polled once, then scheduled for
+        # the hinted time (capped) — not hammered with exponential retries.
+        remote.inner.latency_ms = 3_600_000
+        slow = store.store(rt, a, content="slow", request_id="slow").memory_id
+        completer = rt.completer
+
+        def rescheduled() -> float | None:
+            with completer._cv:
+                due = [i.due for i in completer._heap if i.memory_id == slow]
+            return due[0] - time.monotonic() if due and remote.polls >= 7 else None
+
+        deadline = time.monotonic() + 10
+        while (wait := rescheduled()) is None and time.monotonic() < deadline:
+            time.sleep(
+                0.005
+            )  # waiting for the background thread's first poll, not for time to pass
+        assert wait is not None and wait > 30, wait
+    finally:
+        rt.completer.stop()
