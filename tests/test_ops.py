@@ -168,3 +168,26 @@ def test_worker_process_runs_jobs_and_stops_gracefully_on_sigterm(
     _, rest = proc.communicate(timeout=60)
     assert proc.returncode == 0, rest
     assert "worker stopped" in rest
+
+
+def test_readme_mcp_snippets_match_what_walkeep_serves() -> None:
+    """The README's client configs are the ones `walkeep serve` prints, for its default URL."""
+    import re
+
+    from walkeep.onboarding import client_configs
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    key = "wk_live_…"
+    printed = client_configs("http://127.0.0.1:8080/mcp", key)
+    claude = re.search(r"^claude mcp add .*$", readme, re.M)
+    assert claude is not None and claude.group(0) in printed
+    blocks = [json.loads(b) for b in re.findall(r"```json\n(.*?)```", readme, re.S)]
+    http = next(b for b in blocks if "url" in b["mcpServers"]["walkeep"])
+    stdio = next(b for b in blocks if "command" in b["mcpServers"]["walkeep"])
+    assert http["mcpServers"]["walkeep"] == {
+        "url": "http://127.0.0.1:8080/mcp",
+        "headers": {"Authorization": f"Bearer {key}"},
+    }
+    assert stdio["mcpServers"]["walkeep"]["args"] == ["mcp"]
+    assert stdio["mcpServers"]["walkeep"]["env"] == {"WALKEEP_API_KEY": key}
+    assert Settings.model_fields["public_url"].default + "/mcp" == "http://127.0.0.1:8080/mcp"

@@ -323,33 +323,7 @@ def _post(session, account_id, kind, amount_mc, ref, memo, apply) -> Entry:  # t
                     "not enough credits",
                     {"needed_mc": amount_mc, "available_mc": bal.available_mc},
                 )
-            now = _now(session)
-            entry_id = session.execute(
-                insert(LedgerEntry)
-                .values(
-                    account_id=account_id,
-                    kind=str(kind),
-                    amount_mc=amount_mc,
-                    ref=ref,
-                    balance_after_mc=after[0],
-                    held_after_mc=after[1],
-                    memo=memo,
-                    created_at=now,
-                )
-                .returning(LedgerEntry.id)
-            ).scalar_one()
-            return Entry(
-                id=entry_id,
-                account_id=account_id,
-                kind=str(kind),
-                amount_mc=amount_mc,
-                ref=ref,
-                settles_id=None,
-                balance_after_mc=after[0],
-                held_after_mc=after[1],
-                memo=memo,
-                created_at=now,
-            )
+            return _append(session, account_id, kind, amount_mc, ref, after, memo)
     except IntegrityError:
         # The ref exists (a replay, or a concurrent poster won): ours was rolled back.
         existing = find(session, account_id, ref)
@@ -388,25 +362,7 @@ def _settle(
             )
             if after is None:
                 raise NotFound(f"unknown account {account_id}", {"account_id": account_id})
-            now = _now(session)
-            entry_id = session.execute(
-                insert(LedgerEntry)
-                .values(
-                    account_id=account_id,
-                    kind=str(kind),
-                    amount_mc=amount,
-                    ref=ref,
-                    settles_id=hold_id,
-                    balance_after_mc=after[0],
-                    held_after_mc=after[1],
-                    memo=memo,
-                    created_at=now,
-                )
-                .returning(LedgerEntry.id)
-            ).scalar_one()
-            return Entry(
-                entry_id, account_id, str(kind), amount, ref, hold_id, after[0], after[1], memo, now
-            )
+            return _append(session, account_id, kind, amount, ref, after, memo, settles_id=hold_id)
     except IntegrityError:
         # This exact settlement was posted before (a replay), or the hold was
         # settled the other way (a conflict), or a CHECK refused the update
@@ -416,6 +372,39 @@ def _settle(
             return _check_replay(existing, kind, None)
         _raise_if_settled(session, hold_id, hold_ref)
         raise
+
+
+def _append(
+    session: Session,
+    account_id: str,
+    kind: str,
+    amount_mc: int,
+    ref: str,
+    after: tuple[int, int],
+    memo: str | None,
+    *,
+    settles_id: int | None = None,
+) -> Entry:
+    """Insert one ledger entry recording the account's new (balance, held)."""
+    now = _now(session)
+    entry_id = session.execute(
+        insert(LedgerEntry)
+        .values(
+            account_id=account_id,
+            kind=str(kind),
+            amount_mc=amount_mc,
+            ref=ref,
+            settles_id=settles_id,
+            balance_after_mc=after[0],
+            held_after_mc=after[1],
+            memo=memo,
+            created_at=now,
+        )
+        .returning(LedgerEntry.id)
+    ).scalar_one()
+    return Entry(
+        entry_id, account_id, str(kind), amount_mc, ref, settles_id, after[0], after[1], memo, now
+    )
 
 
 def _returning(session: Session, stmt) -> tuple[int, int] | None:  # type: ignore[no-untyped-def]

@@ -28,14 +28,14 @@ from enum import StrEnum
 from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from walkeep import ledger, lifecycle, usage
+from walkeep import ledger
 from walkeep.backends.base import BlobObject, JobState, JobStatus
-from walkeep.db import rowcount
 from walkeep.db.models import Blob, Memory, Request
 from walkeep.errors import WalkeepError
 from walkeep.lifecycle import BlobStatus, MemoryStatus
+from walkeep.service.renew import blob_row
 from walkeep.service.runtime import Runtime
-from walkeep.service.store import hold_ref, job_key, parse_job_key
+from walkeep.service.store import fail_attempt, hold_ref, job_key, parse_job_key
 
 log = logging.getLogger(__name__)
 
@@ -228,20 +228,9 @@ def _upsert_blob(s, account_id: str, obj: BlobObject, now, threshold: int, *, li
             .order_by(Blob.end_epoch.desc())
             .limit(1)
         )
-    row = {
-        "account_id": account_id,
-        "blob_id": obj.blob_id,
-        "blob_object_id": obj.blob_object_id,
-        "size_bytes": obj.size,
-        "storage_size": obj.storage_size,
-        "registered_epoch": obj.registered_epoch,
-        "end_epoch": obj.end_epoch,
-        # A duplicate object of content we already keep alive is left to lapse.
-        "status": BlobStatus.LIVE if live and shared is None else BlobStatus.ORPHAN,
-        "next_renewal_epoch": lifecycle.next_renewal_epoch(obj.end_epoch, threshold),
-        "created_at": now,
-        "updated_at": now,
-    }
+    # A duplicate object of content we already keep alive is left to lapse.
+    status = BlobStatus.LIVE if live and shared is None else BlobStatus.ORPHAN
+    row = blob_row(obj, account_id, status, now, threshold)
     try:
         with s.begin_nested():
             new_id = s.execute(insert(Blob).values(**row).returning(Blob.id)).scalar_one()
@@ -253,26 +242,12 @@ def _upsert_blob(s, account_id: str, obj: BlobObject, now, threshold: int, *, li
 
 
 def _fail(rt: Runtime, memory: Memory, reason: str) -> Outcome:
-    now = rt.clock.now()
     with rt.db.begin() as s:
-        res = s.execute(
-            update(Memory)
-            .where(
-                Memory.id == memory.id,
-                Memory.status == MemoryStatus.STORING,
-                Memory.attempt == memory.attempt,
-            )
-            .values(status=MemoryStatus.FAILED, failure_reason=reason[:500], status_changed_at=now)
+        failed = fail_attempt(
+            s, memory, memory.attempt, reason, rt.clock.now(), from_status=MemoryStatus.STORING
         )
-        if rowcount(res) != 1:
-            return Outcome.SETTLED
-        ledger.release(s, memory.account_id, hold_ref(memory.id, memory.attempt), memo=reason[:200])
-        usage.release(s, memory.account_id, memory.size_bytes)
-        s.execute(
-            update(Request)
-            .where(Request.account_id == memory.account_id, Request.memory_id == memory.id)
-            .values(status="failed", updated_at=now)
-        )
+    if not failed:
+        return Outcome.SETTLED
     log.warning("store %s failed: %s (hold released)", memory.id, reason)
     return Outcome.FAILED
 
@@ -302,28 +277,16 @@ def recover_accepting(rt: Runtime, memory_id: str) -> Outcome:
             )
         return settle(rt, memory.id)
     with rt.db.begin() as s:
-        res = s.execute(
-            update(Memory)
-            .where(
-                Memory.id == memory.id,
-                Memory.status == MemoryStatus.ACCEPTING,
-                Memory.attempt == memory.attempt,
-            )
-            .values(
-                status=MemoryStatus.FAILED,
-                failure_reason="interrupted before the storage backend accepted the write",
-                status_changed_at=now,
-            )
+        failed = fail_attempt(
+            s,
+            memory,
+            memory.attempt,
+            "interrupted before the storage backend accepted the write",
+            now,
+            from_status=MemoryStatus.ACCEPTING,
         )
-        if rowcount(res) != 1:
-            return Outcome.SETTLED
-        ledger.release(s, memory.account_id, hold_ref(memory.id, memory.attempt))
-        usage.release(s, memory.account_id, memory.size_bytes)
-        s.execute(
-            update(Request)
-            .where(Request.account_id == memory.account_id, Request.memory_id == memory.id)
-            .values(status="failed", updated_at=now)
-        )
+    if not failed:
+        return Outcome.SETTLED
     return Outcome.FAILED
 
 

@@ -34,13 +34,20 @@ from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import exists, func, insert, select, text, update
 from sqlalchemy.orm import Session
 
 from walkeep import ledger, lifecycle, metrics, pricing, usage
-from walkeep.backends.base import ChainError, ChainRejected, ChainUnavailable, PreparedTx, TxEffects
+from walkeep.backends.base import (
+    BlobObject,
+    ChainError,
+    ChainRejected,
+    ChainUnavailable,
+    PreparedTx,
+    TxEffects,
+)
 from walkeep.db import rowcount
 from walkeep.db.models import Account, Blob, Memory, Renewal, RenewalItem
 from walkeep.errors import InsufficientBalance
@@ -640,6 +647,25 @@ def reconcile_renewals(
     return report
 
 
+def blob_row(
+    obj: BlobObject, account_id: str | None, status: BlobStatus, now: datetime, threshold: int
+) -> dict[str, object]:
+    """The ``blobs`` row for an on-chain Blob object."""
+    return {
+        "account_id": account_id,
+        "blob_id": obj.blob_id,
+        "blob_object_id": obj.blob_object_id,
+        "size_bytes": obj.size,
+        "storage_size": obj.storage_size,
+        "registered_epoch": obj.registered_epoch,
+        "end_epoch": obj.end_epoch,
+        "status": status,
+        "next_renewal_epoch": lifecycle.next_renewal_epoch(obj.end_epoch, threshold),
+        "created_at": now,
+        "updated_at": now,
+    }
+
+
 @dataclass
 class SweepReport:
     orphans: int = 0
@@ -695,20 +721,8 @@ def sweep(rt: Runtime) -> SweepReport:
             for obj in fresh:
                 if s.scalar(select(Blob.id).where(Blob.blob_object_id == obj.blob_object_id)):
                     continue
-                s.add(
-                    Blob(
-                        account_id=None,
-                        blob_id=obj.blob_id,
-                        blob_object_id=obj.blob_object_id,
-                        size_bytes=obj.size,
-                        storage_size=obj.storage_size,
-                        registered_epoch=obj.registered_epoch,
-                        end_epoch=obj.end_epoch,
-                        status=BlobStatus.ORPHAN,
-                        next_renewal_epoch=lifecycle.next_renewal_epoch(obj.end_epoch, threshold),
-                        created_at=now,
-                        updated_at=now,
-                    )
+                s.execute(
+                    insert(Blob).values(**blob_row(obj, None, BlobStatus.ORPHAN, now, threshold))
                 )
                 report.orphans += 1
         metrics.ORPHANS.inc(report.orphans)

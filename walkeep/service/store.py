@@ -361,31 +361,54 @@ def _accept(rt: Runtime, memory: Memory, content: str, *, attempt: int) -> Store
     return _result(memory, "storing", note)
 
 
+def fail_attempt(
+    sess: Session,
+    memory: Memory,
+    attempt: int,
+    reason: str,
+    now: datetime,
+    *,
+    from_status: MemoryStatus | None,
+) -> bool:
+    """This attempt did not land: the memory fails, its hold and usage are released, its
+    request may be retried. Conditional on ``from_status`` (None: unconditional) and on
+    the attempt, so only one of several racing settlers does it. True if it did."""
+    cond = [Memory.id == memory.id, Memory.attempt == attempt]
+    if from_status is not None:
+        cond.append(Memory.status == from_status)
+    res = sess.execute(
+        update(Memory)
+        .where(*cond)
+        .values(status=MemoryStatus.FAILED, failure_reason=reason[:500], status_changed_at=now)
+    )
+    if rowcount(res) != 1:
+        return False
+    ledger.release(sess, memory.account_id, hold_ref(memory.id, attempt), memo=reason[:200])
+    usage.release(sess, memory.account_id, memory.size_bytes)
+    sess.execute(
+        update(Request)
+        .where(Request.account_id == memory.account_id, Request.memory_id == memory.id)
+        .values(status="failed", updated_at=now)
+    )
+    return True
+
+
 def _undo_claim(rt: Runtime, memory: Memory, attempt: int, reason: str) -> None:
+    """The relayer refused the write: bill nothing. A first attempt leaves no trace
+    (the same request_id simply retries); a retry goes back to failed."""
     now = rt.clock.now()
     with rt.db.begin() as sess:
+        if attempt > 1:
+            fail_attempt(sess, memory, attempt, reason, now, from_status=None)
+            return
         ledger.release(sess, memory.account_id, hold_ref(memory.id, attempt))
         usage.release(sess, memory.account_id, memory.size_bytes)
-        if attempt == 1:
-            sess.execute(
-                delete(Request).where(
-                    Request.account_id == memory.account_id, Request.memory_id == memory.id
-                )
+        sess.execute(
+            delete(Request).where(
+                Request.account_id == memory.account_id, Request.memory_id == memory.id
             )
-            sess.execute(delete(Memory).where(Memory.id == memory.id))
-        else:
-            sess.execute(
-                update(Memory)
-                .where(Memory.id == memory.id)
-                .values(
-                    status=MemoryStatus.FAILED, failure_reason=reason[:500], status_changed_at=now
-                )
-            )
-            sess.execute(
-                update(Request)
-                .where(Request.account_id == memory.account_id, Request.memory_id == memory.id)
-                .values(status="failed", updated_at=now)
-            )
+        )
+        sess.execute(delete(Memory).where(Memory.id == memory.id))
 
 
 def _hold(
