@@ -3,8 +3,13 @@ per-memory polling (remote relayers such as MemWal)."""
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 import time
 from typing import Any
+
+import pytest
 
 from tests.helpers import account
 from walkeep.service import completion, runway, store
@@ -91,3 +96,21 @@ def test_polling_mode_batches_and_respects_the_relayers_due_time(rt: Runtime, cl
         assert wait is not None and wait > 30, wait
     finally:
         rt.completer.stop()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice is Linux behaviour")
+def test_completion_runs_at_background_priority() -> None:
+    """Requests get the CPU first: a completer thread lowers its own priority and
+    only its own (the thread that started it keeps its nice value)."""
+    seen: list[int] = []
+
+    def body() -> None:
+        completion._lower_priority(completion.Completer.NICE)
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    assert seen == [min(19, mine + completion.Completer.NICE)]
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine

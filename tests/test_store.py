@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 
 from tests.helpers import account, land_all
 from walkeep import ledger, usage
@@ -172,6 +173,27 @@ def test_a_replay_gets_its_answer_even_while_the_backend_is_down(rt: Runtime) ->
     assert again.status == "stored" and again.memory_id == r.memory_id
     with pytest.raises(RelayerUnavailable):  # a new store still fails closed
         store.store(rt, a, content="new", request_id="r2")
+
+
+def test_a_claim_failing_for_another_reason_surfaces_instead_of_spinning(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An integrity error that is not "this request_id exists" (here: a foreign key)
+    must not be mistaken for a racing replay for ever."""
+    a = account(rt, credits=5)
+    calls = []
+    real_row = store._row
+
+    def bad_row(m: Memory) -> dict[str, object]:
+        calls.append(m.id)
+        return {**real_row(m), "account_id": "acct_nobody"}
+
+    monkeypatch.setattr(store, "_row", bad_row)
+    with pytest.raises(IntegrityError):
+        store.store(rt, a, content="fact", request_id="r1")
+    assert len(calls) == 1 + store.CLAIM_TRIES
+    assert _bal(rt, a) == ledger.Balance(5000, 0)
+    assert _count(rt, Memory) == 0 and _count(rt, Request) == 0 and _count(rt, WriteJob) == 0
 
 
 def test_terminal_failure_releases_and_the_request_id_is_not_poisoned(rt: Runtime) -> None:

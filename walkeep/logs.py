@@ -39,5 +39,12 @@ def setup(level: str = "INFO", *, json_lines: bool = True) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    for noisy in ("apscheduler.executors.default", "httpx", "mcp.server.streamable_http_manager"):
+    # One INFO line per request from the SDK ("Terminating session: None" on every
+    # stateless call) is noise, and costs the request path a formatted write.
+    for noisy in (
+        "apscheduler.executors.default",
+        "httpx",
+        "mcp.server.streamable_http_manager",
+        "mcp.server.streamable_http",
+    ):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import case, func, select, update
+from sqlalchemy import bindparam, case, func, select, update
 from sqlalchemy.orm import Session
 
-from walkeep.db.models import Account, Memory
+from walkeep.db.models import Account, Memory, table
 from walkeep.errors import NotFound, QuotaExceeded
 from walkeep.lifecycle import MemoryStatus
 
@@ -23,6 +23,27 @@ NOT_KEPT = (MemoryStatus.FAILED, MemoryStatus.EXPIRED)
 
 def day_number(when: datetime) -> int:
     return when.toordinal()
+
+
+# Built once (this runs on every store; see ledger.py on why that matters).
+_A = table(Account)
+_USAGE = select(_A.c.usage_bytes, _A.c.usage_day, _A.c.usage_day_stores).where(
+    _A.c.id == bindparam("p_account")
+)
+# Serialise this account's accepts on PostgreSQL (SQLite: BEGIN IMMEDIATE already
+# does). NO KEY UPDATE, like PostgreSQL's own lock for a non-key UPDATE: it does
+# not conflict with the KEY SHARE locks that foreign-key inserts take (e.g. this
+# transaction's request row), which FOR UPDATE would — a deadlock.
+_USAGE_LOCKED = _USAGE.with_for_update(key_share=True)
+_COUNT = (
+    update(_A)
+    .where(_A.c.id == bindparam("p_account"))
+    .values(
+        usage_bytes=bindparam("p_bytes"),
+        usage_day=bindparam("p_day"),
+        usage_day_stores=bindparam("p_day_stores"),
+    )
+)
 
 
 def check_and_add(
@@ -39,16 +60,8 @@ def check_and_add(
     The caller holds the account lock (row lock on PostgreSQL, the database
     write lock on SQLite), so check-then-add is exact.
     """
-    q = select(Account.usage_bytes, Account.usage_day, Account.usage_day_stores).where(
-        Account.id == account_id
-    )
-    if session.get_bind().dialect.name == "postgresql":
-        # Serialise this account's accepts (SQLite: BEGIN IMMEDIATE already does).
-        # NO KEY UPDATE, like PostgreSQL's own lock for a non-key UPDATE: it does
-        # not conflict with the KEY SHARE locks that foreign-key inserts take
-        # (e.g. this transaction's request row), which FOR UPDATE would — a deadlock.
-        q = q.with_for_update(key_share=True)
-    row = session.execute(q).first()
+    postgres = session.get_bind().dialect.name == "postgresql"
+    row = session.execute(_USAGE_LOCKED if postgres else _USAGE, {"p_account": account_id}).first()
     if row is None:
         raise NotFound("unknown account", {"account_id": account_id})
     used_bytes, day, day_stores = int(row[0]), int(row[1]), int(row[2])
@@ -71,9 +84,13 @@ def check_and_add(
             },
         )
     session.execute(
-        update(Account)
-        .where(Account.id == account_id)
-        .values(usage_bytes=used_bytes + size, usage_day=today, usage_day_stores=day_stores + 1)
+        _COUNT,
+        {
+            "p_account": account_id,
+            "p_bytes": used_bytes + size,
+            "p_day": today,
+            "p_day_stores": day_stores + 1,
+        },
     )
 
 

@@ -41,12 +41,15 @@ from walkeep.backends.base import (
 )
 from walkeep.clock import Clock
 from walkeep.db import Database
-from walkeep.db.models import WriteJob
+from walkeep.db.models import WriteJob, table
 from walkeep.errors import NotFound, QuotaExceeded, RelayerUnavailable, ValidationError
 
 log = logging.getLogger(__name__)
 
 HEALTH_TTL_SECONDS = 5.0
+# Built once: a job is inserted on every store.
+_INSERT_JOB = insert(table(WriteJob))
+_JOB_COLUMNS = tuple(c.key for c in table(WriteJob).columns)
 
 
 class SelfRelayer:
@@ -113,9 +116,9 @@ class SelfRelayer:
         The key is new per attempt; a duplicate violates the UNIQUE constraint and
         aborts the caller's transaction (the caller then replays)."""
         job = self._job(ids.new_job_id(), staged, idempotency_key, epochs, self.clock.now())
-        session.execute(
-            insert(WriteJob), [{c.key: getattr(job, c.key) for c in WriteJob.__table__.columns}]
-        )
+        # Unset (None) columns are left out so their defaults apply.
+        row = {c: v for c in _JOB_COLUMNS if (v := getattr(job, c)) is not None}
+        session.execute(_INSERT_JOB, row)
         return job.id
 
     def _job(self, job_id: str, staged: _Staged, key: str, epochs: int, now) -> WriteJob:  # type: ignore[no-untyped-def]

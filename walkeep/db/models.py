@@ -26,6 +26,7 @@ from sqlalchemy import (
     LargeBinary,
     MetaData,
     String,
+    Table,
     Text,
     UniqueConstraint,
 )
@@ -74,6 +75,12 @@ class UTCDateTime(TypeDecorator[datetime]):
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
     type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSON()}
+
+
+def table(model: type[Base]) -> Table:
+    """A mapped class's Core table, for statements built once on hot paths
+    (``Model.__table__`` is typed as a plain FromClause)."""
+    return Base.metadata.tables[model.__tablename__]
 
 
 class Account(Base):

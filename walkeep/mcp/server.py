@@ -46,10 +46,6 @@ from walkeep.service.schemas import (
 
 log = logging.getLogger(__name__)
 
-# Service calls run on worker threads. A small pool beats anyio's default of 40:
-# SQLite has one writer anyway, and fewer threads means less GIL ping-pong.
-TOOL_THREADS = 4
-
 
 @dataclass(frozen=True, slots=True)
 class Caller:

@@ -36,7 +36,7 @@ from sqlalchemy.orm import Session
 
 from walkeep import ids, ledger, pricing, usage
 from walkeep.db import rowcount
-from walkeep.db.models import Memory, Request
+from walkeep.db.models import Memory, Request, table
 from walkeep.errors import (
     InsufficientBalance,
     QuotaExceeded,
@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 TOOL = "store"
 # How long a racer waits for the winner of its request_id to finish accepting.
 JOIN_WAIT_SECONDS = 20.0
+# Claims of a request_id that no row explains before giving up (see store()).
+CLAIM_TRIES = 3
 SETTLED = frozenset(
     {MemoryStatus.ACTIVE, MemoryStatus.PAUSED, MemoryStatus.NO_RENEW, MemoryStatus.EXPIRED}
 )
@@ -137,6 +139,7 @@ def store(
         claimed = None
     if claimed is not None:
         return _accept(rt, claimed, content, attempt=1)
+    tries = 0
     while True:
         with rt.db.read() as sess:
             existing = idempotency.find(sess, account_id, TOOL, request_id)
@@ -144,7 +147,22 @@ def store(
                 sess.get(Memory, existing.memory_id) if existing and existing.memory_id else None
             )
         if existing is None:
-            claimed = _claim(rt, account_id, request_id, fp, namespace, md, size, content, cost_mc)
+            # Either a racer's claim was undone (its accept failed) or the claim
+            # fails for another reason; the last try lets that error surface
+            # (logged, INTERNAL) instead of spinning here for ever.
+            tries += 1
+            claimed = _claim(
+                rt,
+                account_id,
+                request_id,
+                fp,
+                namespace,
+                md,
+                size,
+                content,
+                cost_mc,
+                strict=tries >= CLAIM_TRIES,
+            )
             if claimed is None:
                 continue  # lost the race for this request_id: replay as the loser
             return _accept(rt, claimed, content, attempt=1)
@@ -192,10 +210,13 @@ def _claim(
     size: int,
     content: str,
     cost_mc: int,
+    *,
+    strict: bool = False,
 ) -> Memory | None:
     """Claim the request id, check usage quotas and hold the price, atomically.
 
-    Returns None if the request id already exists (a replay, or a racer won).
+    Returns None if the request id already exists (a replay, or a racer won);
+    ``strict`` re-raises that IntegrityError instead.
     The request row is inserted first so that a replay is recognised before
     any quota or balance check could refuse it.
     """
@@ -219,32 +240,41 @@ def _claim(
     try:
         with rt.db.begin() as sess:
             sess.execute(
-                insert(Request).values(
-                    account_id=account_id,
-                    tool=TOOL,
-                    request_id=request_id,
-                    fingerprint=fp,
-                    status="in_progress",
-                    memory_id=memory_id,
-                    created_at=now,
-                    updated_at=now,
-                )
+                _INSERT_REQUEST,
+                {
+                    "account_id": account_id,
+                    "tool": TOOL,
+                    "request_id": request_id,
+                    "fingerprint": fp,
+                    "status": "in_progress",
+                    "memory_id": memory_id,
+                    "created_at": now,
+                    "updated_at": now,
+                },
             )
             _check_usage(rt, sess, account_id, size, now)
             _hold(rt, sess, account_id, memory_id, 1, cost_mc)
             _accept_in(rt, sess, memory, staged, 1)
-            sess.execute(insert(Memory), [_row(memory)])
+            sess.execute(_INSERT_MEMORY, _row(memory))
         return memory
     except IntegrityError:
+        if strict:
+            raise
         return None  # the request id exists: replay
 
 
+# Built once: the claim runs on every store (see ledger.py on why that matters).
+_INSERT_REQUEST = insert(table(Request))
+_INSERT_MEMORY = insert(table(Memory))
+
+
 def _row(m: Memory) -> dict[str, object]:
+    """The new memory's row, keyed by column (for ``_INSERT_MEMORY``)."""
     return {
         "id": m.id,
         "account_id": m.account_id,
         "namespace": m.namespace,
-        "metadata_": m.metadata_,
+        "metadata": m.metadata_,
         "size_bytes": m.size_bytes,
         "content_hash": m.content_hash,
         "status": m.status,
