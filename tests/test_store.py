@@ -163,6 +163,26 @@ def test_relayer_unavailable_at_accept_bills_nothing_and_replay_retries(rt: Runt
     assert _bal(rt, a) == ledger.Balance(4000, 0)
 
 
+def test_a_full_write_backlog_refuses_new_stores_until_it_drains(rt: Runtime) -> None:
+    """Load shedding: past the backlog limit a store fails closed (nothing held) and a
+    replay with the same request_id goes through once writes have landed."""
+    rt.relayer.max_backlog = 3  # type: ignore[attr-defined]
+    a = account(rt, credits=10)
+    for i in range(3):
+        store.store(rt, a, content=f"fact {i}", request_id=f"r{i}")
+    rt.relayer.invalidate_health()  # type: ignore[attr-defined]
+    with pytest.raises(RelayerUnavailable) as err:
+        store.store(rt, a, content="one too many", request_id="r3")
+    assert "3 accepted writes are still completing" in err.value.message
+    assert err.value.data["retry"] is True
+    assert _bal(rt, a) == ledger.Balance(10_000, 3000)  # only the three accepted hold
+    assert _count(rt, Memory) == 3
+
+    land_all(rt)
+    rt.relayer.invalidate_health()  # type: ignore[attr-defined]
+    assert store.store(rt, a, content="one too many", request_id="r3").status == "storing"
+
+
 def test_a_replay_gets_its_answer_even_while_the_backend_is_down(rt: Runtime) -> None:
     a = account(rt, credits=5)
     r = store.store(rt, a, content="kept", request_id="r1")

@@ -198,6 +198,7 @@ def build_runtime(
             VectorIndex(db, embedder),
             chain.owner_address(),
             latency_ms=settings.local_write_latency_ms if settings.relayer == "local" else 0,
+            max_backlog=settings.max_write_backlog,
         )
     else:
         from walkeep.backends.memwal import MemWalRelayer

@@ -77,6 +77,12 @@ class Settings(BaseSettings):
     target_runway_epochs: int = Field(default=5, ge=1, le=53)
     renew_batch: int = Field(default=200, ge=1, le=800)
     completion_deadline_seconds: int = Field(default=900, ge=1)
+    max_write_backlog: int = Field(
+        default=20_000,
+        ge=0,
+        description="Accepted writes still completing before new stores are refused "
+        "(RELAYER_UNAVAILABLE, retry later); 0 = no limit. Self-run relayers only.",
+    )
     stale_hold_seconds: int = Field(default=86_400, ge=60)
 
     # --- worker ------------------------------------------------------------------------

@@ -67,6 +67,7 @@ class SelfRelayer:
         latency_ms: int = 0,
         lease_seconds: int = 300,
         cache_size: int = 2048,
+        max_backlog: int = 0,
     ) -> None:
         self.db = db
         self.clock = clock
@@ -77,6 +78,7 @@ class SelfRelayer:
         self.name = store.name
         self.latency_ms = latency_ms
         self.lease_seconds = lease_seconds
+        self.max_backlog = max_backlog
         # Test hook: the next N jobs fail terminally (as a refused write would).
         self.fail_next_jobs = 0
         self._health: tuple[float, Health] | None = None
@@ -92,10 +94,36 @@ class SelfRelayer:
             return cached[1]
         try:
             h = self.store.health()
+            if h.ok and self.max_backlog:
+                h = self._backlog_health(h)
         except Exception as exc:  # a probe must never crash its caller
             h = Health(ok=False, writes="paused", detail=f"health probe failed: {exc}")
         self._health = (now, h)
         return h
+
+    def _backlog_health(self, h: Health) -> Health:
+        """Load shedding. Accepts are cheaper than completions (upload, embedding), so
+        a sustained flood would grow the queue until writes miss their completion
+        deadline and fail *after* being accepted. Past ``max_backlog`` unfinished
+        writes, new ones are refused up front instead (RELAYER_UNAVAILABLE: nothing
+        held, retry later) until the queue drains; checked once per health TTL."""
+        with self.db.read() as s:
+            backlog = int(
+                s.scalar(
+                    select(func.count())
+                    .select_from(WriteJob)
+                    .where(WriteJob.status.in_(["pending", "uploaded"]))
+                )
+                or 0
+            )
+        if backlog < self.max_backlog:
+            return h
+        return Health(
+            ok=True,
+            writes="paused",
+            detail=f"{backlog} accepted writes are still completing (limit {self.max_backlog}); "
+            "new writes resume as they land",
+        )
 
     def invalidate_health(self) -> None:
         self._health = None
