@@ -60,8 +60,10 @@ def test_hot_query_indexes_exist(db_url: str) -> None:
         blob_ix = {tuple(ix["column_names"]) for ix in insp.get_indexes("blobs")}
         mem_ix = {tuple(ix["column_names"]) for ix in insp.get_indexes("memories")}
         req_uq = {tuple(u["column_names"]) for u in insp.get_unique_constraints("requests")}
+        req_ix = {tuple(ix["column_names"]) for ix in insp.get_indexes("requests")}
     finally:
         engine.dispose()
     assert ("status", "end_epoch", "id") in blob_ix  # due-for-renewal scan, in order
     assert ("account_id", "namespace", "status") in mem_ix
     assert ("account_id", "tool", "request_id") in req_uq
+    assert ("account_id", "memory_id") in req_ix  # completion updates a memory's request

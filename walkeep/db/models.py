@@ -268,7 +268,12 @@ class Request(Base):
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
 
-    __table_args__ = (UniqueConstraint("account_id", "tool", "request_id"),)
+    __table_args__ = (
+        UniqueConstraint("account_id", "tool", "request_id"),
+        # Completion and failure update the request of a memory: without this,
+        # each such update scanned all of the account's requests.
+        Index(None, "account_id", "memory_id"),
+    )
 
 
 class CheckoutSession(Base):

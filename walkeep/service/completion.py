@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import StrEnum
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from walkeep import ledger
 from walkeep.backends.base import BlobObject, JobState, JobStatus
-from walkeep.db.models import Blob, Memory, Request
+from walkeep.db.models import Blob, Memory, Request, table
 from walkeep.errors import WalkeepError
 from walkeep.lifecycle import BlobStatus, MemoryStatus
 from walkeep.service.renew import blob_row
@@ -170,9 +170,7 @@ def _register(rt: Runtime, memory: Memory, blob: BlobObject) -> Outcome:
 def _register_in(rt: Runtime, s, memory: Memory, blob: BlobObject, now) -> Outcome:  # type: ignore[no-untyped-def]
     """Capture + register (or record an orphan if we gave up), in the caller's transaction."""
     threshold = rt.settings.renew_threshold_epochs
-    state = s.execute(
-        select(Memory.status, Memory.attempt, Memory.forgotten_at).where(Memory.id == memory.id)
-    ).first()
+    state = s.execute(_STATE, {"p_memory": memory.id}).first()
     if state is None:
         return Outcome.SETTLED
     live = state.status == MemoryStatus.STORING and state.attempt == memory.attempt
@@ -185,29 +183,57 @@ def _register_in(rt: Runtime, s, memory: Memory, blob: BlobObject, now) -> Outco
         s, memory.account_id, hold_ref(memory.id, memory.attempt), memo=f"stored {memory.id}"
     )
     s.execute(
-        update(Memory)
-        .where(Memory.id == memory.id)
-        .values(
-            status=MemoryStatus.NO_RENEW if state.forgotten_at else MemoryStatus.ACTIVE,
-            blob_pk=blob_pk,
-            stored_at=now,
-            status_changed_at=now,
-        )
+        _LANDED,
+        {
+            "p_memory": memory.id,
+            "p_status": MemoryStatus.NO_RENEW if state.forgotten_at else MemoryStatus.ACTIVE,
+            "p_blob": blob_pk,
+            "p_now": now,
+        },
     )
-    s.execute(
-        update(Request)
-        .where(Request.account_id == memory.account_id, Request.memory_id == memory.id)
-        .values(status="done", updated_at=now)
-    )
+    s.execute(_REQUEST_DONE, {"p_account": memory.account_id, "p_memory": memory.id, "p_now": now})
     return Outcome.LANDED
+
+
+# Built once: registration runs per landed write (see ledger.py on why that matters).
+_M, _B, _R = table(Memory), table(Blob), table(Request)
+_STATE = select(_M.c.status, _M.c.attempt, _M.c.forgotten_at).where(
+    _M.c.id == bindparam("p_memory")
+)
+_LANDED = (
+    update(_M)
+    .where(_M.c.id == bindparam("p_memory"))
+    .values(
+        status=bindparam("p_status"),
+        blob_pk=bindparam("p_blob"),
+        stored_at=bindparam("p_now"),
+        status_changed_at=bindparam("p_now"),
+    )
+)
+_REQUEST_DONE = (
+    update(_R)
+    .where(_R.c.account_id == bindparam("p_account"), _R.c.memory_id == bindparam("p_memory"))
+    .values(status="done", updated_at=bindparam("p_now"))
+)
+_BLOB_BY_OBJECT = select(_B.c.id, _B.c.status).where(_B.c.blob_object_id == bindparam("p_object"))
+_SHARED_BLOB = (
+    select(_B.c.id)
+    .where(
+        _B.c.account_id == bindparam("p_account"),
+        _B.c.blob_id == bindparam("p_blob_id"),
+        _B.c.status == BlobStatus.LIVE,
+        _B.c.end_epoch >= bindparam("p_end_epoch"),
+    )
+    .order_by(_B.c.end_epoch.desc())
+    .limit(1)
+)
+_INSERT_BLOB = insert(_B).returning(_B.c.id)
 
 
 def _upsert_blob(s, account_id: str, obj: BlobObject, now, threshold: int, *, live: bool) -> int:  # type: ignore[no-untyped-def]
     """The blob row for this landed object, reusing the account's existing live blob
     with the same blob_id (identical content shares one renewal)."""
-    existing = s.execute(
-        select(Blob.id, Blob.status).where(Blob.blob_object_id == obj.blob_object_id)
-    ).first()
+    existing = s.execute(_BLOB_BY_OBJECT, {"p_object": obj.blob_object_id}).first()
     if existing is not None:
         if live and existing.status == BlobStatus.ORPHAN:
             # The sweep saw this object before its write was registered: adopt it.
@@ -220,24 +246,19 @@ def _upsert_blob(s, account_id: str, obj: BlobObject, now, threshold: int, *, li
     shared = None
     if live:
         shared = s.scalar(
-            select(Blob.id)
-            .where(
-                Blob.account_id == account_id,
-                Blob.blob_id == obj.blob_id,
-                Blob.status == BlobStatus.LIVE,
-                Blob.end_epoch >= obj.end_epoch,
-            )
-            .order_by(Blob.end_epoch.desc())
-            .limit(1)
+            _SHARED_BLOB,
+            {"p_account": account_id, "p_blob_id": obj.blob_id, "p_end_epoch": obj.end_epoch},
         )
     # A duplicate object of content we already keep alive is left to lapse.
     status = BlobStatus.LIVE if live and shared is None else BlobStatus.ORPHAN
     row = blob_row(obj, account_id, status, now, threshold)
     try:
         with s.begin_nested():
-            new_id = s.execute(insert(Blob).values(**row).returning(Blob.id)).scalar_one()
+            new_id = s.execute(_INSERT_BLOB, row).scalar_one()
     except IntegrityError:
-        again = s.scalar(select(Blob.id).where(Blob.blob_object_id == obj.blob_object_id))
+        again = s.scalar(
+            _BLOB_BY_OBJECT.with_only_columns(_B.c.id), {"p_object": obj.blob_object_id}
+        )
         assert again is not None
         return int(again)
     return int(shared) if shared is not None else int(new_id)
