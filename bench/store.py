@@ -2,19 +2,22 @@
 
 Starts ``walkeep serve`` (SQLite, local network, in-process worker) in a
 separate process on a fresh data dir, then runs N concurrent MCP clients
-(the official SDK client, Streamable HTTP) calling ``store`` with distinct
-request ids for a fixed duration. Prints accepts/s and p50/p99 latency, then
-waits until every accepted write has landed and been billed (completion runs
-in the background concurrently, on the same two cores) and prints the
-sustained end-to-end rate.
+calling ``store`` with distinct request ids for a fixed duration. Prints
+accepts/s and p50/p99 latency, then waits until every accepted write has
+landed and been billed (completion runs in the background during the burst,
+at lower CPU priority, on the same two cores) and prints the sustained
+end-to-end rate.
 
     python bench/store.py [--clients 16] [--seconds 20] [--client sdk|wire]
+                          [--era 2025-11-25|2026-07-28]
 
 Two load generators, both speaking MCP Streamable HTTP to ``/mcp``:
-- ``sdk``: the official ``mcp`` Python client (what agents' hosts run); it costs
-  the benchmark ~5 ms of CPU per call, on the same two cores as the server;
-- ``wire``: a lean client posting the same JSON-RPC ``tools/call`` requests
-  (stateless, protocol 2025-11-25) with httpx, so the figure reflects the server.
+- ``sdk``: the official ``mcp`` Python client (what agents' hosts run). It
+  negotiates the sessionless 2026-07-28 revision with this server;
+- ``wire``: a lean httpx client posting the same JSON-RPC ``tools/call``
+  requests in either revision: 2025-11-25 (the default: what the MCP
+  Inspector and mcp 1.x clients speak, served by the SDK's per-request
+  stateless transport) or 2026-07-28.
 
 Target (issue 4): at least 200 accepts/s with 16 clients on this machine.
 """
@@ -101,30 +104,44 @@ async def client_loop(
             i += 1
 
 
+MODERN = "2026-07-28"
+
+
 async def wire_loop(
-    url: str, key: str, cid: int, until: float, lat: list[float], errors: list[str]
+    url: str,
+    key: str,
+    cid: int,
+    until: float,
+    lat: list[float],
+    errors: list[str],
+    era: str = "2025-11-25",
 ) -> None:
     headers = {
         "Authorization": f"Bearer {key}",
         "Content-Type": "application/json",
         "Accept": "application/json, text/event-stream",
-        "MCP-Protocol-Version": "2025-11-25",
+        "MCP-Protocol-Version": era,
     }
+    if era == MODERN:
+        # Sessionless era: the envelope travels in _meta and the routing headers.
+        headers |= {"Mcp-Method": "tools/call", "Mcp-Name": "store"}
     async with httpx.AsyncClient(headers=headers, timeout=60) as http:
         i = 0
         while time.monotonic() < until:
-            body = {
-                "jsonrpc": "2.0",
-                "id": i,
-                "method": "tools/call",
-                "params": {
-                    "name": "store",
-                    "arguments": {
-                        "content": f"client {cid} fact {i}: the build server is in rack {i % 40}",
-                        "request_id": f"w{cid}-{i}",
-                    },
+            params: dict[str, object] = {
+                "name": "store",
+                "arguments": {
+                    "content": f"client {cid} fact {i}: the build server is in rack {i % 40}",
+                    "request_id": f"w{cid}-{i}",
                 },
             }
+            if era == MODERN:
+                params["_meta"] = {
+                    "io.modelcontextprotocol/protocolVersion": MODERN,
+                    "io.modelcontextprotocol/clientCapabilities": {},
+                    "io.modelcontextprotocol/clientInfo": {"name": "bench", "version": "1"},
+                }
+            body = {"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": params}
             t0 = time.perf_counter()
             r = (await http.post(url, json=body)).json()["result"]
             dt = time.perf_counter() - t0
@@ -136,7 +153,7 @@ async def wire_loop(
 
 
 async def run(
-    url: str, key: str, clients: int, seconds: float, kind: str = "sdk"
+    url: str, key: str, clients: int, seconds: float, kind: str = "sdk", era: str = MODERN
 ) -> tuple[list[float], list[str], float]:
     lat: list[float] = []
     errors: list[str] = []
@@ -152,9 +169,10 @@ async def run(
     until = start + seconds
     async with anyio.create_task_group() as tg:
         for cid in range(clients):
-            tg.start_soon(
-                wire_loop if kind == "wire" else client_loop, url, key, cid, until, lat, errors
-            )
+            if kind == "wire":
+                tg.start_soon(wire_loop, url, key, cid, until, lat, errors, era)
+            else:
+                tg.start_soon(client_loop, url, key, cid, until, lat, errors)
     return lat, errors, time.monotonic() - start
 
 
@@ -163,6 +181,12 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--seconds", type=float, default=20)
     ap.add_argument("--client", choices=["sdk", "wire"], default="sdk")
+    ap.add_argument(
+        "--era",
+        choices=["2025-11-25", MODERN],
+        default="2025-11-25",
+        help="protocol revision the wire client speaks (the SDK client negotiates its own)",
+    )
     args = ap.parse_args()
     data_dir = Path(tempfile.mkdtemp(prefix="walkeep-bench-"))
     port = free_port()
@@ -171,7 +195,7 @@ def main() -> None:
         creds = json.loads((data_dir / "credentials.json").read_text())
         url = f"http://127.0.0.1:{port}/mcp"
         lat, errors, elapsed = anyio.run(
-            run, url, creds["api_key"], args.clients, args.seconds, args.client
+            run, url, creds["api_key"], args.clients, args.seconds, args.client, args.era
         )
         # Sustained capacity: how long until every accepted write has landed and
         # been billed (completion kept running during the burst, sharing the CPU).
@@ -191,8 +215,9 @@ def main() -> None:
         proc.wait(30)
     lat.sort()
     n = len(lat)
+    era = args.era if args.client == "wire" else f"{MODERN} (negotiated)"
     print(
-        f"client={args.client} clients={args.clients} duration={elapsed:.1f}s accepted={n} errors={len(errors)} {sorted(set(errors))}"
+        f"client={args.client} protocol={era} clients={args.clients} duration={elapsed:.1f}s accepted={n} errors={len(errors)} {sorted(set(errors))}"
     )
     print(f"throughput: {n / elapsed:.0f} accepts/s")
     print(
