@@ -9,7 +9,7 @@ at lower CPU priority, on the same two cores) and prints the sustained
 end-to-end rate.
 
     python bench/store.py [--clients 16] [--seconds 20] [--client sdk|wire]
-                          [--era 2025-11-25|2026-07-28]
+                          [--era 2025-11-25|2026-07-28] [--pg-server URL]
 
 Two load generators, both speaking MCP Streamable HTTP to ``/mcp``:
 - ``sdk``: the official ``mcp`` Python client (what agents' hosts run). It
@@ -25,14 +25,17 @@ Target (issue 4): at least 200 accepts/s with 16 clients on this machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import secrets
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -40,6 +43,8 @@ import httpx
 import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
 
 
 def free_port() -> int:
@@ -48,7 +53,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(data_dir: Path, port: int) -> subprocess.Popen[bytes]:
+@contextlib.contextmanager
+def scratch_database(server_url: str | None) -> Iterator[str | None]:
+    """A throwaway PostgreSQL database on the server of ``server_url`` (None: SQLite)."""
+    if server_url is None:
+        yield None
+        return
+    url = make_url(server_url)
+    name = f"walkeep_bench_{secrets.token_hex(4)}"
+    admin = create_engine(url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield url.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as c:
+            c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def start_server(data_dir: Path, port: int, db_url: str | None) -> subprocess.Popen[bytes]:
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("WALKEEP_", "STRIPE_"))},
         **(
@@ -59,6 +83,7 @@ def start_server(data_dir: Path, port: int) -> subprocess.Popen[bytes]:
         "WALKEEP_DATA_DIR": str(data_dir),
         "WALKEEP_PROMO_CREDITS_USD": "10000",
         "WALKEEP_MAX_STORES_PER_DAY": "10000000",
+        **({"WALKEEP_DATABASE_URL": db_url} if db_url else {}),
     }
     proc = subprocess.Popen(
         [sys.executable, "-m", "walkeep.cli", "serve", "--port", str(port)],
@@ -176,21 +201,12 @@ async def run(
     return lat, errors, time.monotonic() - start
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--clients", type=int, default=16)
-    ap.add_argument("--seconds", type=float, default=20)
-    ap.add_argument("--client", choices=["sdk", "wire"], default="sdk")
-    ap.add_argument(
-        "--era",
-        choices=["2025-11-25", MODERN],
-        default="2025-11-25",
-        help="protocol revision the wire client speaks (the SDK client negotiates its own)",
-    )
-    args = ap.parse_args()
+def measure(
+    args: argparse.Namespace, db_url: str | None
+) -> tuple[list[float], list[str], float, dict[str, int], float]:
     data_dir = Path(tempfile.mkdtemp(prefix="walkeep-bench-"))
     port = free_port()
-    proc = start_server(data_dir, port)
+    proc = start_server(data_dir, port, db_url)
     try:
         creds = json.loads((data_dir / "credentials.json").read_text())
         url = f"http://127.0.0.1:{port}/mcp"
@@ -209,14 +225,38 @@ def main() -> None:
             if runway["active"] >= len(lat) or time.monotonic() - drain_start > 300:
                 break
             time.sleep(1)
-        drain = time.monotonic() - drain_start
+        return lat, errors, elapsed, runway, time.monotonic() - drain_start
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--seconds", type=float, default=20)
+    ap.add_argument("--client", choices=["sdk", "wire"], default="sdk")
+    ap.add_argument(
+        "--era",
+        choices=["2025-11-25", MODERN],
+        default="2025-11-25",
+        help="protocol revision the wire client speaks (the SDK client negotiates its own)",
+    )
+    ap.add_argument(
+        "--pg-server",
+        metavar="URL",
+        default=None,
+        help="run on PostgreSQL: a scratch database is created on this server and dropped "
+        "afterwards (e.g. postgresql+psycopg://postgres@127.0.0.1:5432/test)",
+    )
+    args = ap.parse_args()
+    with scratch_database(args.pg_server) as db_url:
+        lat, errors, elapsed, runway, drain = measure(args, db_url)
     lat.sort()
     n = len(lat)
     era = args.era if args.client == "wire" else f"{MODERN} (negotiated)"
     print(
+        f"database={'postgresql' if args.pg_server else 'sqlite'} "
         f"client={args.client} protocol={era} clients={args.clients} duration={elapsed:.1f}s accepted={n} errors={len(errors)} {sorted(set(errors))}"
     )
     print(f"throughput: {n / elapsed:.0f} accepts/s")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import bindparam, case, func, select, update
+from sqlalchemy import BindParameter, bindparam, case, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from walkeep.db.models import Account, Memory, table
@@ -27,23 +27,32 @@ def day_number(when: datetime) -> int:
 
 # Built once (this runs on every store; see ledger.py on why that matters).
 _A = table(Account)
+_P_SIZE: BindParameter[int] = bindparam("p_size")
+_P_TODAY: BindParameter[int] = bindparam("p_today")
+# Check and count in one conditional UPDATE. It is also what takes the account's
+# row lock on PostgreSQL (SQLite's BEGIN IMMEDIATE already serialises writers),
+# held from here to commit: fewer round trips under that lock is what lets one
+# busy account's concurrent stores through faster.
+_ADD = (
+    update(_A)
+    .where(
+        _A.c.id == bindparam("p_account"),
+        _A.c.usage_bytes + _P_SIZE <= bindparam("p_max_bytes"),
+        or_(_A.c.usage_day != _P_TODAY, _A.c.usage_day_stores < bindparam("p_max_stores")),
+    )
+    .values(
+        usage_bytes=_A.c.usage_bytes + _P_SIZE,
+        usage_day_stores=case((_A.c.usage_day == _P_TODAY, _A.c.usage_day_stores + 1), else_=1),
+        usage_day=_P_TODAY,
+    )
+    .returning(_A.c.id)
+)
 _USAGE = select(_A.c.usage_bytes, _A.c.usage_day, _A.c.usage_day_stores).where(
     _A.c.id == bindparam("p_account")
 )
-# Serialise this account's accepts on PostgreSQL (SQLite: BEGIN IMMEDIATE already
-# does). NO KEY UPDATE, like PostgreSQL's own lock for a non-key UPDATE: it does
-# not conflict with the KEY SHARE locks that foreign-key inserts take (e.g. this
-# transaction's request row), which FOR UPDATE would — a deadlock.
+# NO KEY UPDATE, the lock PostgreSQL's own UPDATE takes: it does not conflict with
+# the KEY SHARE locks that foreign-key inserts take, which FOR UPDATE would.
 _USAGE_LOCKED = _USAGE.with_for_update(key_share=True)
-_COUNT = (
-    update(_A)
-    .where(_A.c.id == bindparam("p_account"))
-    .values(
-        usage_bytes=bindparam("p_bytes"),
-        usage_day=bindparam("p_day"),
-        usage_day_stores=bindparam("p_day_stores"),
-    )
-)
 
 
 def check_and_add(
@@ -55,26 +64,32 @@ def check_and_add(
     max_total_bytes: int,
     max_stores_per_day: int,
 ) -> None:
-    """Refuse (QuotaExceeded) or count one new store of ``size`` bytes.
-
-    The caller holds the account lock (row lock on PostgreSQL, the database
-    write lock on SQLite), so check-then-add is exact.
-    """
+    """Count one new store of ``size`` bytes, or refuse it (QuotaExceeded) and count
+    nothing. Exact under concurrency: the check and the count are one UPDATE."""
+    today = day_number(now)
+    params = {
+        "p_account": account_id,
+        "p_size": size,
+        "p_today": today,
+        "p_max_bytes": max_total_bytes,
+        "p_max_stores": max_stores_per_day,
+    }
+    if session.execute(_ADD, params).first() is not None:
+        return
+    # Refused, or no such account. Re-read the row under the account lock (it may
+    # have changed since: PostgreSQL's READ COMMITTED), then say which limit.
     postgres = session.get_bind().dialect.name == "postgresql"
     row = session.execute(_USAGE_LOCKED if postgres else _USAGE, {"p_account": account_id}).first()
     if row is None:
         raise NotFound("unknown account", {"account_id": account_id})
     used_bytes, day, day_stores = int(row[0]), int(row[1]), int(row[2])
-    today = day_number(now)
-    if day != today:
-        day_stores = 0
     if used_bytes + size > max_total_bytes:
         raise QuotaExceeded(
             f"storing this would bring the account to {used_bytes + size} bytes; "
             f"the limit is {max_total_bytes}",
             {"limit": "max_total_bytes", "limit_bytes": max_total_bytes, "used_bytes": used_bytes},
         )
-    if day_stores >= max_stores_per_day:
+    if day == today and day_stores >= max_stores_per_day:
         raise QuotaExceeded(
             f"daily store limit of {max_stores_per_day} reached (resets at 00:00 UTC)",
             {
@@ -83,15 +98,9 @@ def check_and_add(
                 "used_count": day_stores,
             },
         )
-    session.execute(
-        _COUNT,
-        {
-            "p_account": account_id,
-            "p_bytes": used_bytes + size,
-            "p_day": today,
-            "p_day_stores": day_stores + 1,
-        },
-    )
+    # Usage was released between the two statements; we hold the lock now.
+    if session.execute(_ADD, params).first() is None:
+        raise RuntimeError(f"usage of {account_id} changed under its row lock")
 
 
 def release(session: Session, account_id: str, size: int) -> None:

@@ -155,20 +155,27 @@ def _register_batch(
     rt: Runtime, landed: list[tuple[Memory, BlobObject]]
 ) -> list[tuple[Memory, Outcome]]:
     now = rt.clock.now()
-    results = []
     with rt.db.begin() as s:
-        for memory, blob in landed:
-            results.append((memory, _register_in(rt, s, memory, blob, now)))
+        results = [(m, _register_in(rt, s, m, blob, now)) for m, blob in landed]
+        # Captures last, together: they take the account's row lock (PostgreSQL),
+        # which is held to commit and which every store of the account waits for.
+        for memory, outcome in results:
+            if outcome == Outcome.LANDED:
+                _capture(s, memory)
     return results
 
 
 def _register(rt: Runtime, memory: Memory, blob: BlobObject) -> Outcome:
     with rt.db.begin() as s:
-        return _register_in(rt, s, memory, blob, rt.clock.now())
+        outcome = _register_in(rt, s, memory, blob, rt.clock.now())
+        if outcome == Outcome.LANDED:
+            _capture(s, memory)
+        return outcome
 
 
 def _register_in(rt: Runtime, s, memory: Memory, blob: BlobObject, now) -> Outcome:  # type: ignore[no-untyped-def]
-    """Capture + register (or record an orphan if we gave up), in the caller's transaction."""
+    """Register a landed write (or record an orphan if we gave up) in the caller's
+    transaction. LANDED means the caller must also ``_capture`` it, in the same one."""
     threshold = rt.settings.renew_threshold_epochs
     state = s.execute(_STATE, {"p_memory": memory.id}).first()
     if state is None:
@@ -179,9 +186,6 @@ def _register_in(rt: Runtime, s, memory: Memory, blob: BlobObject, now) -> Outco
         # We already gave up on this attempt (deadline): the blob is an
         # orphan, never renewed; nothing is billed for it.
         return Outcome.SETTLED
-    ledger.capture(
-        s, memory.account_id, hold_ref(memory.id, memory.attempt), memo=f"stored {memory.id}"
-    )
     s.execute(
         _LANDED,
         {
@@ -193,6 +197,14 @@ def _register_in(rt: Runtime, s, memory: Memory, blob: BlobObject, now) -> Outco
     )
     s.execute(_REQUEST_DONE, {"p_account": memory.account_id, "p_memory": memory.id, "p_now": now})
     return Outcome.LANDED
+
+
+def _capture(s, memory: Memory) -> None:  # type: ignore[no-untyped-def]
+    """Bill a registered write. A hold released meanwhile (the deadline passed)
+    raises LedgerConflict, rolling the registration back with it."""
+    ledger.capture(
+        s, memory.account_id, hold_ref(memory.id, memory.attempt), memo=f"stored {memory.id}"
+    )
 
 
 # Built once: registration runs per landed write (see ledger.py on why that matters).

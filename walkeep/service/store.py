@@ -252,10 +252,11 @@ def _claim(
                     "updated_at": now,
                 },
             )
-            _check_usage(rt, sess, account_id, size, now)
-            _hold(rt, sess, account_id, memory_id, 1, cost_mc)
             _accept_in(rt, sess, memory, staged, 1)
             sess.execute(_INSERT_MEMORY, _row(memory))
+            # Last: these take the account's row lock (PostgreSQL), held to commit.
+            _check_usage(rt, sess, account_id, size, now)
+            _hold(rt, sess, account_id, memory_id, 1, cost_mc)
         return memory
     except IntegrityError:
         if strict:
