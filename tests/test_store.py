@@ -124,6 +124,28 @@ def test_usage_quotas(rt: Runtime) -> None:
     assert err.value.data["limit_bytes"] == 10 and err.value.data["used_bytes"] == 2
 
 
+def test_daily_count_restarts_each_utc_day_and_the_byte_limit_is_inclusive(
+    rt: Runtime, clock
+) -> None:  # type: ignore[no-untyped-def]
+    rt.settings.max_stores_per_day = 1
+    rt.settings.max_total_bytes = 3
+    a = account(rt)
+    store.store(rt, a, content="ab", request_id="1")
+    with pytest.raises(QuotaExceeded):
+        store.store(rt, a, content="c", request_id="2")
+    clock.advance(days=1)
+    store.store(rt, a, content="c", request_id="2")  # a new day; 3 bytes == the limit
+    with rt.db.read() as s:
+        row = s.get(Account, a)
+        assert row is not None
+        assert (row.usage_bytes, row.usage_day_stores) == (3, 1)
+        assert row.usage_day == usage.day_number(clock.now())
+    rt.settings.max_stores_per_day = 10
+    with pytest.raises(QuotaExceeded) as err:
+        store.store(rt, a, content="d", request_id="3")
+    assert err.value.data["limit"] == "max_total_bytes" and err.value.data["used_bytes"] == 3
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
