@@ -11,6 +11,7 @@ from sqlalchemy.exc import IntegrityError
 
 from tests.helpers import account, land_all
 from walkeep import ledger, usage
+from walkeep.api.app import readiness
 from walkeep.db.models import Account, LedgerEntry, Memory, Request, WriteJob
 from walkeep.errors import (
     InsufficientBalance,
@@ -197,11 +198,14 @@ def test_a_full_write_backlog_refuses_new_stores_until_it_drains(rt: Runtime) ->
         store.store(rt, a, content="one too many", request_id="r3")
     assert "3 accepted writes are still completing" in err.value.message
     assert err.value.data["retry"] is True
+    report = readiness(rt)  # what operators see: still ready, writes paused
+    assert report["ready"] is True and report["writes"] == "paused"
     assert _bal(rt, a) == ledger.Balance(10_000, 3000)  # only the three accepted hold
     assert _count(rt, Memory) == 3
 
     land_all(rt)
     rt.relayer.invalidate_health()  # type: ignore[attr-defined]
+    assert readiness(rt)["writes"] == "ok"
     assert store.store(rt, a, content="one too many", request_id="r3").status == "storing"
 
 
