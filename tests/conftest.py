@@ -172,6 +172,9 @@ def settings(tmp_path: Path, db_url: str):  # type: ignore[no-untyped-def]
         data_dir=tmp_path / "data",
         database_url=db_url,
         local_write_latency_ms=0,
+        # Quilts are on (the default) but a quilt is written as soon as its writes are
+        # polled: tests move the clock to exercise the window (tests/test_quilts.py).
+        quilt_window_seconds=0,
         master_key=TEST_MASTER_KEY,
         public_url="http://127.0.0.1:8080",
     )

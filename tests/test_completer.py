@@ -7,6 +7,7 @@ import os
 import sys
 import threading
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -80,6 +81,7 @@ def test_polling_mode_batches_and_respects_the_relayers_due_time(rt: Runtime, cl
         # A write the relayer says is due in an hour: polled once, then scheduled for
         # the hinted time (capped) — not hammered with exponential retries.
         remote.inner.latency_ms = 3_600_000
+        remote.inner.quilt_window = timedelta(hours=1)  # a packed write waits for its window
         slow = store.store(rt, a, content="slow", request_id="slow").memory_id
         completer = rt.completer
 

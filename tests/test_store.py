@@ -265,12 +265,14 @@ def test_terminal_failure_releases_and_the_request_id_is_not_poisoned(rt: Runtim
     assert kinds == ["grant", "hold", "release", "hold", "capture"]
 
 
-def test_write_past_its_deadline_is_released_and_a_late_blob_is_an_orphan(
-    rt: Runtime, clock
-) -> None:  # type: ignore[no-untyped-def]
+def test_write_past_its_deadline_is_released_and_never_uploads_later(rt: Runtime, clock) -> None:  # type: ignore[no-untyped-def]
+    """Issue 13.2: a failed attempt must never write afterwards. Its job is fenced
+    (cancelled with the failure, in one transaction): no orphan the operator pays
+    for, and a retry of the request writes one copy, not two."""
     from walkeep.service import renew
 
     rt.relayer.latency_ms = 10 * 60 * 60 * 1000  # far beyond the deadline
+    rt.relayer.quilts = False
     a = account(rt, credits=5)
     r = store.store(rt, a, content="slow", request_id="r1")
     assert completion.settle(rt, r.memory_id) == completion.Outcome.PENDING
@@ -278,16 +280,39 @@ def test_write_past_its_deadline_is_released_and_a_late_blob_is_an_orphan(
     assert completion.settle(rt, r.memory_id) == completion.Outcome.FAILED
     assert _bal(rt, a) == ledger.Balance(5000, 0)
 
-    # The write lands later anyway: a blob nobody pays for, never renewed.
     with rt.db.read() as s:
         job_id = s.scalar(select(Memory.job_id).where(Memory.id == r.memory_id))
         assert usage.recount(s, a) == s.get(Account, a).usage_bytes == 0  # type: ignore[union-attr]
     clock.advance(10 * 60 * 60)
-    assert rt.relayer.poll(job_id).state == "landed"
-    report = renew.sweep(rt)
-    assert report.orphans == 1
+    assert rt.relayer.poll(job_id).state == "failed"  # cancelled: it never uploads
+    assert land_all(rt).landed == 0
+    assert list(rt.chain.owned_blobs()) == []
+    assert renew.sweep(rt).orphans == 0
     assert _bal(rt, a) == ledger.Balance(5000, 0)
     assert runway.check_runway(rt, a).account.total_memories == 0  # type: ignore[union-attr]
+
+    # The retry writes exactly one copy.
+    rt.relayer.latency_ms = 0
+    assert store.store(rt, a, content="slow", request_id="r1").memory_id == r.memory_id
+    assert land_all(rt).landed == 1
+    assert len(list(rt.chain.owned_blobs())) == 1
+    assert _bal(rt, a) == ledger.Balance(4000, 0)
+
+
+def test_a_write_being_uploaded_at_its_deadline_is_not_failed(rt: Runtime, clock) -> None:  # type: ignore[no-untyped-def]
+    """The fence's other side: a write someone holds a lease on (uploading right now)
+    is not failed at its deadline; it lands and is billed."""
+    rt.relayer.quilts = False
+    a = account(rt, credits=5)
+    r = store.store(rt, a, content="uploading", request_id="r1")
+    with rt.db.read() as s:
+        job_id = s.scalar(select(Memory.job_id).where(Memory.id == r.memory_id))
+    clock.advance(rt.settings.completion_deadline_seconds + 1)
+    assert rt.relayer._lease([job_id], clock.now()) == [job_id]  # another worker's upload
+    assert completion.settle(rt, r.memory_id) == completion.Outcome.PENDING
+    rt.relayer._unlease([job_id])  # …which finished (here: gave the job back)
+    assert completion.settle(rt, r.memory_id) == completion.Outcome.LANDED
+    assert _bal(rt, a) == ledger.Balance(4000, 0)
 
 
 def test_50_concurrent_stores_with_one_request_id(rt: Runtime) -> None:

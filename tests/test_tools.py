@@ -6,6 +6,7 @@ import pytest
 
 from tests.helpers import account, land_all
 from walkeep.errors import NotFound, ValidationError
+from walkeep.quilt import is_patch_id
 from walkeep.service import balance, export, forget, recall, runway, store
 from walkeep.service.runtime import Runtime
 
@@ -26,7 +27,8 @@ def test_recall_returns_stored_content_verbatim_with_runway(rt: Runtime) -> None
     top = res.results[0]
     assert top.content == tricky  # data, verbatim, never interpreted
     assert top.runway_epochs == rt.settings.initial_epochs
-    assert len(top.blob_id) == 43 and 0 < top.score <= 1
+    # Packed in a quilt (the default): the hit's blob_id is its 50-character patch id.
+    assert is_patch_id(top.blob_id) and 0 < top.score <= 1
 
 
 def test_recall_limit_namespace_and_validation(rt: Runtime) -> None:
@@ -155,7 +157,16 @@ def test_check_balance_estimates(rt: Runtime) -> None:
     a = account(rt, credits=500)
     fresh = balance.check_balance(rt, a)
     assert fresh.balance_credits == 500 and fresh.balance_usd == 5.0
-    assert fresh.est_memories_remaining == 500
+    # A typical memory costs its store price plus renewing it to the target runway
+    # at the price it will really pay: a share of a quilt (a small fraction of a
+    # credit) with quilts on, a whole 63-unit blob with them off.
+    per_memory = balance.typical_memory_mc(rt)
+    assert fresh.est_memories_remaining == 500_000 // per_memory
+    store_price = rt.settings.store_price_mc_per_64kib
+    if rt.settings.quilts == "on":
+        assert store_price < per_memory <= store_price + 5
+    else:
+        assert per_memory == store_price + 63 * rt.settings.target_runway_epochs
     assert "nothing to renew" in fresh.est_runway_funded
     _stored(rt, a, "something to keep", "r1")
     after = balance.check_balance(rt, a)

@@ -199,6 +199,9 @@ def build_runtime(
             chain.owner_address(),
             latency_ms=settings.local_write_latency_ms if settings.relayer == "local" else 0,
             max_backlog=settings.max_write_backlog,
+            quilts=settings.quilts == "on",
+            quilt_window_seconds=settings.quilt_window_seconds,
+            quilt_max_bytes=settings.quilt_max_bytes,
         )
     else:
         from walkeep.backends.memwal import MemWalRelayer

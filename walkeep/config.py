@@ -85,6 +85,22 @@ class Settings(BaseSettings):
     )
     stale_hold_seconds: int = Field(default=86_400, ge=60)
 
+    # --- quilts (many small memories of one account in one Walrus blob) --------------
+    quilts: Literal["on", "off"] = Field(
+        default="on", description="Pack small memories into Walrus quilts (walrus/local)."
+    )
+    quilt_window_seconds: float = Field(
+        default=5.0,
+        ge=0,
+        le=3600,
+        description="How long an account's accepted writes gather before they are packed.",
+    )
+    quilt_max_bytes: int = Field(
+        default=16 * 2**20,
+        ge=1024,
+        description="A quilt is written as soon as this many bytes are waiting.",
+    )
+
     # --- worker ------------------------------------------------------------------------
     complete_writes_interval_seconds: float = Field(default=30, gt=0)
     renew_interval_seconds: float = Field(default=60, gt=0)

@@ -66,3 +66,15 @@ JOB_DURATION = Histogram(
 JOB_RUNS = Counter(
     "walkeep_job_runs_total", "Worker job runs by outcome.", ["job", "outcome"], registry=REGISTRY
 )
+QUILT_UNBILLED_MC = Counter(
+    "walkeep_quilt_unbilled_mc_total",
+    "Millicredits of quilt renewals nobody was billed for: the fixed shares of forgotten "
+    "members (and rounding), which are Walkeep's cost until compaction re-packs the quilt.",
+    registry=REGISTRY,
+)
+QUILTS_WRITTEN = Counter(
+    "walkeep_quilts_written_total",
+    "Quilts written, and the patches in them.",
+    ["unit"],
+    registry=REGISTRY,
+)

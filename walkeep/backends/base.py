@@ -226,6 +226,19 @@ class JobStatus:
     error: str | None = None
     # For PENDING: when polling again can first make a difference (None: unknown).
     retry_at: datetime | None = None
+    # For LANDED writes packed in a quilt: the memory's patch id (its public
+    # blob_id), its fixed share of the quilt's units and the quilt's patch count.
+    patch_id: str | None = None
+    share_micro: int | None = None
+    patch_count: int | None = None
+
+    @property
+    def public_id(self) -> str:
+        """The identifier users see for this write: its patch id, else its blob id."""
+        if self.patch_id:
+            return self.patch_id
+        assert self.blob is not None
+        return self.blob.blob_id
 
 
 @dataclass(frozen=True, slots=True)

@@ -160,6 +160,10 @@ class Blob(Base):
     end_epoch: Mapped[int] = mapped_column(Integer)
     # live | orphan | expired
     status: Mapped[str] = mapped_column(String(16))
+    # blob: one object, one memory's content (shared by identical copies);
+    # quilt: many memories' patches in one object, renewed as one.
+    kind: Mapped[str] = mapped_column(String(8), default="blob", server_default="blob")
+    patch_count: Mapped[int | None] = mapped_column(Integer)
     renewals_performed: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     last_renewal_tx: Mapped[str | None] = mapped_column(String(100))
     next_renewal_epoch: Mapped[int | None] = mapped_column(Integer)
@@ -190,6 +194,12 @@ class Memory(Base):
     # accepting | storing | active | paused | no-renew | expired | failed
     status: Mapped[str] = mapped_column(String(16))
     blob_pk: Mapped[int | None] = mapped_column(BigId, ForeignKey("blobs.id"))
+    # The memory's public identifier once landed: its quilt patch id when packed,
+    # else its blob's blob_id. What recall, check_runway, forget and export show.
+    blob_id: Mapped[str | None] = mapped_column(String(64))
+    # A packed memory's fixed share of its quilt's encoded units, in millionths
+    # of a unit (walkeep.pricing.quilt_share_micro); None = pays its whole blob.
+    share_micro: Mapped[int | None] = mapped_column(BigInteger)
     cost_mc: Mapped[int] = mapped_column(BigInteger)
     attempt: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     job_id: Mapped[str | None] = mapped_column(String(100))
@@ -207,6 +217,9 @@ class Memory(Base):
         Index(None, "blob_pk", "status"),
         Index(None, "status", "accepted_at"),
         Index(None, "account_id", "content_hash"),
+        Index(None, "account_id", "blob_id"),
+        # Writing one memory's quilt lands its neighbours: find them by job.
+        Index(None, "job_id"),
     )
 
 
@@ -328,17 +341,22 @@ class WriteJob(Base):
     ciphertext: Mapped[bytes | None] = mapped_column(LargeBinary)
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     epochs: Mapped[int] = mapped_column(Integer)
-    # pending | landed | failed
+    # pending | uploaded | landed | failed | cancelled (a failed store's job: never uploads)
     status: Mapped[str] = mapped_column(String(16))
     not_before: Mapped[datetime]
     lease_until: Mapped[datetime | None]
+    # The live process holding the lease; it renews ``lease_until`` by heartbeat.
+    lease_owner: Mapped[str | None] = mapped_column(String(100))
     attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     error: Mapped[str | None] = mapped_column(String(1000))
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
 
-    __table_args__ = (Index(None, "status", "not_before"),)
+    __table_args__ = (
+        Index(None, "status", "not_before"),
+        Index(None, "status", "account_id"),
+    )
 
 
 class Embedding(Base):

@@ -7,6 +7,7 @@ from sqlalchemy import func, select
 from walkeep import ledger, lifecycle, pricing
 from walkeep.db.models import Blob, Memory
 from walkeep.lifecycle import BlobStatus, MemoryStatus
+from walkeep.service.renew import KEPT, blob_renewal_cost_mc, quilt_shares
 from walkeep.service.runtime import Runtime
 from walkeep.service.schemas import BalanceResult
 from walkeep.service.views import human_duration
@@ -19,7 +20,7 @@ def renewal_burn_mc_per_epoch(rt: Runtime, account_id: str) -> tuple[int, int | 
     """(cost of renewing every kept blob for one epoch, their shortest runway)."""
     current = rt.chain.current_epoch()
     kept = (
-        select(Blob.id, Blob.storage_size, Blob.end_epoch)
+        select(Blob.id, Blob.kind, Blob.storage_size, Blob.end_epoch)
         .join(Memory, Memory.blob_pk == Blob.id)
         .where(
             Memory.account_id == account_id,
@@ -31,13 +32,35 @@ def renewal_burn_mc_per_epoch(rt: Runtime, account_id: str) -> tuple[int, int | 
     )
     burn = 0
     runways: list[int] = []
+    price = rt.settings.renewal_price_mc_per_unit_epoch
     with rt.db.read() as s:
-        for _id, storage_size, end_epoch in s.execute(kept):
-            burn += pricing.renewal_cost_mc(
-                storage_size, 1, rt.settings.renewal_price_mc_per_unit_epoch
-            )
-            runways.append(lifecycle.runway(end_epoch, current))
+        blobs = list(s.execute(kept))
+        shares = quilt_shares(s, [b.id for b in blobs if b.kind == "quilt"], KEPT)
+    for b in blobs:
+        # A quilt costs the account only its members' shares (their real price).
+        burn += blob_renewal_cost_mc(b, shares, 1, price)
+        runways.append(lifecycle.runway(b.end_epoch, current))
     return burn, (min(runways) if runways else None)
+
+
+def typical_memory_mc(rt: Runtime) -> int:
+    """What one more typical memory costs: its store price plus renewing it to the
+    target runway at the price it will really pay — its share of a quilt when
+    quilts are on (a quilt of 600 such memories), its own blob's units otherwise."""
+    s = rt.settings
+    size = TYPICAL_MEMORY_BYTES
+    store = pricing.store_cost_mc(size, s.store_price_mc_per_64kib)
+    epochs = s.target_runway_epochs
+    if s.quilts == "on" and s.relayer in ("local", "walrus"):
+        from walkeep.quilt import quilt_storage_size
+
+        share = pricing.quilt_share_micro(quilt_storage_size([size] * 600), size * 600, size)
+        renew = pricing.share_renewal_cost_mc(share, epochs, s.renewal_price_mc_per_unit_epoch)
+    else:
+        renew = pricing.renewal_cost_mc(
+            pricing.encoded_blob_length(size), epochs, s.renewal_price_mc_per_unit_epoch
+        )
+    return store + renew
 
 
 def check_balance(rt: Runtime, account_id: str) -> BalanceResult:
@@ -52,8 +75,8 @@ def check_balance(rt: Runtime, account_id: str) -> BalanceResult:
             or 0
         )
     available = bal.available_mc
-    per_store = pricing.store_cost_mc(TYPICAL_MEMORY_BYTES, rt.settings.store_price_mc_per_64kib)
-    est_memories = available // per_store if per_store > 0 else 0
+    per_memory = typical_memory_mc(rt)
+    est_memories = available // per_memory if per_memory > 0 else 0
     burn, min_runway = renewal_burn_mc_per_epoch(rt, account_id)
     epoch_seconds = rt.chain.epoch_info().duration_seconds
     if burn == 0:

@@ -35,6 +35,7 @@ from walkeep.backends.base import BlobObject, JobState, JobStatus
 from walkeep.db.models import Blob, Memory, Request, table
 from walkeep.errors import WalkeepError
 from walkeep.lifecycle import BlobStatus, MemoryStatus
+from walkeep.service import compaction
 from walkeep.service.renew import blob_row
 from walkeep.service.runtime import Runtime
 from walkeep.service.store import fail_attempt, hold_ref, job_key, parse_job_key
@@ -75,16 +76,27 @@ def settle_many(rt: Runtime, memory_ids: list[str]) -> dict[str, tuple[Outcome, 
     except WalkeepError as exc:
         log.info("polling %d writes failed (%s); will retry", len(jobs), exc.message)
         statuses = {}
+    # Writing one memory's quilt lands its neighbours too: register them with it.
+    extra = [j for j, st in statuses.items() if st.state == JobState.LANDED and j not in jobs]
+    if extra:
+        with rt.db.read() as s:
+            more = [
+                m
+                for m in s.scalars(select(Memory).where(Memory.job_id.in_(extra)))
+                if m.status == MemoryStatus.STORING
+            ]
+        memories.extend(more)
+        out.update({m.id: (Outcome.SETTLED, None) for m in more})
     now = rt.clock.now()
-    landed: list[tuple[Memory, BlobObject]] = []
+    landed: list[tuple[Memory, JobStatus]] = []
     for m in memories:
         st = statuses.get(m.job_id or "", JobStatus(JobState.PENDING))
         if st.state == JobState.LANDED and st.blob is not None:
-            landed.append((m, st.blob))
+            landed.append((m, st))
         elif st.state == JobState.FAILED:
             out[m.id] = (_fail(rt, m, st.error or "the write failed"), None)
         elif now >= m.deadline_at:
-            out[m.id] = (_fail(rt, m, "the write did not land before its deadline"), None)
+            out[m.id] = (_fail_late(rt, m), None)
         else:
             hint = None
             if st.retry_at is not None:
@@ -95,8 +107,8 @@ def settle_many(rt: Runtime, memory_ids: list[str]) -> dict[str, tuple[Outcome, 
             out.update({m.id: (o, None) for m, o in _register_batch(rt, landed)})
         except Exception:
             log.exception("registering a batch failed; registering one by one")
-            for m, blob in landed:
-                out[m.id] = (_register(rt, m, blob), None)
+            for m, st in landed:
+                out[m.id] = (_register(rt, m, st), None)
     return out
 
 
@@ -122,19 +134,23 @@ def drain_due(rt: Runtime, limit: int = BATCH) -> Drained:
     if not taken:
         return out
     by_memory: dict[str, tuple[int, JobStatus]] = {}
-    for _job_id, key, status in taken:
+    moves: list[tuple[str, str, JobStatus]] = []
+    for job_id, key, status in taken:
+        if key.startswith(compaction.KEY_PREFIX):
+            moves.append((job_id, key, status))
+            continue
         parsed = parse_job_key(key)
         if parsed is not None:
             by_memory[parsed[0]] = (parsed[1], status)
     with rt.db.read() as s:
         memories = list(s.scalars(select(Memory).where(Memory.id.in_(list(by_memory)))))
-    landed: list[tuple[Memory, BlobObject]] = []
+    landed: list[tuple[Memory, JobStatus]] = []
     for m in memories:
         attempt, status = by_memory[m.id]
         if m.attempt != attempt and status.state != JobState.LANDED:
             continue  # an old attempt's job: nothing to settle
         if status.state == JobState.LANDED and status.blob is not None:
-            landed.append((m, status.blob))  # also records orphans of abandoned attempts
+            landed.append((m, status))  # also records orphans of abandoned attempts
         elif (
             status.state == JobState.FAILED
             and m.status == MemoryStatus.STORING
@@ -146,17 +162,21 @@ def drain_due(rt: Runtime, limit: int = BATCH) -> Drained:
             outcomes = [o for _, o in _register_batch(rt, landed)]
         except Exception:
             log.exception("registering a batch failed; registering one by one")
-            outcomes = [_register(rt, m, blob) for m, blob in landed]
+            outcomes = [_register(rt, m, st) for m, st in landed]
         out.landed += outcomes.count(Outcome.LANDED)
+    if moves:
+        compaction.finish(rt, moves)
     return out
 
 
 def _register_batch(
-    rt: Runtime, landed: list[tuple[Memory, BlobObject]]
+    rt: Runtime, landed: list[tuple[Memory, JobStatus]]
 ) -> list[tuple[Memory, Outcome]]:
+    """Register landed writes — a whole quilt's members together — in ONE transaction:
+    every member lands (captured, registered) or, if anything fails, none does."""
     now = rt.clock.now()
     with rt.db.begin() as s:
-        results = [(m, _register_in(rt, s, m, blob, now)) for m, blob in landed]
+        results = [(m, _register_in(rt, s, m, st, now)) for m, st in landed]
         # Captures last, together: they take the account's row lock (PostgreSQL),
         # which is held to commit and which every store of the account waits for.
         for memory, outcome in results:
@@ -165,33 +185,47 @@ def _register_batch(
     return results
 
 
-def _register(rt: Runtime, memory: Memory, blob: BlobObject) -> Outcome:
+def _register(rt: Runtime, memory: Memory, st: JobStatus) -> Outcome:
     with rt.db.begin() as s:
-        outcome = _register_in(rt, s, memory, blob, rt.clock.now())
+        outcome = _register_in(rt, s, memory, st, rt.clock.now())
         if outcome == Outcome.LANDED:
             _capture(s, memory)
         return outcome
 
 
-def _register_in(rt: Runtime, s, memory: Memory, blob: BlobObject, now) -> Outcome:  # type: ignore[no-untyped-def]
+def _register_in(rt: Runtime, s, memory: Memory, st: JobStatus, now) -> Outcome:  # type: ignore[no-untyped-def]
     """Register a landed write (or record an orphan if we gave up) in the caller's
     transaction. LANDED means the caller must also ``_capture`` it, in the same one."""
+    assert st.blob is not None
     threshold = rt.settings.renew_threshold_epochs
     state = s.execute(_STATE, {"p_memory": memory.id}).first()
     if state is None:
         return Outcome.SETTLED
     live = state.status == MemoryStatus.STORING and state.attempt == memory.attempt
-    blob_pk = _upsert_blob(s, memory.account_id, blob, now, threshold, live=live)
+    blob_pk = upsert_blob(
+        s, memory.account_id, st.blob, now, threshold, live=live, patch_count=st.patch_count
+    )
     if not live:
         # We already gave up on this attempt (deadline): the blob is an
         # orphan, never renewed; nothing is billed for it.
         return Outcome.SETTLED
+    public_id, share = st.public_id, st.share_micro
+    if st.patch_id is not None:
+        # Identical content already kept by this account is one patch: point at
+        # it (its renewal is already paid for); the new copy is Walkeep's cost.
+        kept = s.execute(
+            _KEPT_COPY, {"p_account": memory.account_id, "p_hash": memory.content_hash}
+        ).first()
+        if kept is not None:
+            blob_pk, public_id, share = kept.blob_pk, kept.blob_id, kept.share_micro
     s.execute(
         _LANDED,
         {
             "p_memory": memory.id,
             "p_status": MemoryStatus.NO_RENEW if state.forgotten_at else MemoryStatus.ACTIVE,
             "p_blob": blob_pk,
+            "p_blob_id": public_id,
+            "p_share": share,
             "p_now": now,
         },
     )
@@ -218,6 +252,8 @@ _LANDED = (
     .values(
         status=bindparam("p_status"),
         blob_pk=bindparam("p_blob"),
+        blob_id=bindparam("p_blob_id"),
+        share_micro=bindparam("p_share"),
         stored_at=bindparam("p_now"),
         status_changed_at=bindparam("p_now"),
     )
@@ -240,30 +276,49 @@ _SHARED_BLOB = (
     .limit(1)
 )
 _INSERT_BLOB = insert(_B).returning(_B.c.id)
+# A kept (landed, not forgotten, not lapsed) packed copy of the same content.
+_KEPT_COPY = (
+    select(_M.c.blob_pk, _M.c.blob_id, _M.c.share_micro)
+    .join(_B, _B.c.id == _M.c.blob_pk)
+    .where(
+        _M.c.account_id == bindparam("p_account"),
+        _M.c.content_hash == bindparam("p_hash"),
+        _M.c.status.in_([MemoryStatus.ACTIVE, MemoryStatus.PAUSED]),
+        _M.c.share_micro.is_not(None),
+        _B.c.status == BlobStatus.LIVE,
+    )
+    .order_by(_B.c.end_epoch.desc())
+    .limit(1)
+)
 
 
-def _upsert_blob(s, account_id: str, obj: BlobObject, now, threshold: int, *, live: bool) -> int:  # type: ignore[no-untyped-def]
+def upsert_blob(  # type: ignore[no-untyped-def]
+    s, account_id: str, obj: BlobObject, now, threshold: int, *, live: bool, patch_count=None
+) -> int:
     """The blob row for this landed object, reusing the account's existing live blob
-    with the same blob_id (identical content shares one renewal)."""
+    with the same blob_id (identical content shares one renewal). A quilt's row is
+    made by its first member and found by the others."""
     existing = s.execute(_BLOB_BY_OBJECT, {"p_object": obj.blob_object_id}).first()
     if existing is not None:
         if live and existing.status == BlobStatus.ORPHAN:
-            # The sweep saw this object before its write was registered: adopt it.
+            # The sweep saw this object before its write was registered: adopt it
+            # (a quilt is only known to be one from its members' results).
+            kind = {"kind": "quilt", "patch_count": patch_count} if patch_count else {}
             s.execute(
                 update(Blob)
                 .where(Blob.id == existing.id)
-                .values(status=BlobStatus.LIVE, account_id=account_id, updated_at=now)
+                .values(status=BlobStatus.LIVE, account_id=account_id, updated_at=now, **kind)
             )
         return int(existing.id)
     shared = None
-    if live:
+    if live and patch_count is None:
         shared = s.scalar(
             _SHARED_BLOB,
             {"p_account": account_id, "p_blob_id": obj.blob_id, "p_end_epoch": obj.end_epoch},
         )
     # A duplicate object of content we already keep alive is left to lapse.
     status = BlobStatus.LIVE if live and shared is None else BlobStatus.ORPHAN
-    row = blob_row(obj, account_id, status, now, threshold)
+    row = blob_row(obj, account_id, status, now, threshold, patch_count=patch_count)
     try:
         with s.begin_nested():
             new_id = s.execute(_INSERT_BLOB, row).scalar_one()
@@ -274,6 +329,26 @@ def _upsert_blob(s, account_id: str, obj: BlobObject, now, threshold: int, *, li
         assert again is not None
         return int(again)
     return int(shared) if shared is not None else int(new_id)
+
+
+def _fail_late(rt: Runtime, memory: Memory) -> Outcome:
+    """The deadline passed. Fail the store only if its write can be fenced off: a
+    write nobody is uploading is cancelled in the same transaction, so it can
+    never land afterwards as an orphan the operator pays for (or a second copy
+    next to a retry's). A write being uploaded right now is left to land."""
+    reason = "the write did not land before its deadline"
+    cancel = getattr(rt.relayer, "cancel_in", None)
+    with rt.db.begin() as s:
+        now = rt.clock.now()
+        if cancel is not None and memory.job_id and not cancel(s, memory.job_id, now):
+            return Outcome.PENDING
+        failed = fail_attempt(
+            s, memory, memory.attempt, reason, now, from_status=MemoryStatus.STORING
+        )
+    if not failed:
+        return Outcome.SETTLED
+    log.warning("store %s failed: %s (hold released, write cancelled)", memory.id, reason)
+    return Outcome.FAILED
 
 
 def _fail(rt: Runtime, memory: Memory, reason: str) -> Outcome:
@@ -371,6 +446,7 @@ def complete_writes(
     for mid in stuck:
         if recover_accepting(rt, mid) != Outcome.SETTLED:
             report.recovered += 1
+    compaction.finish_landed(rt)
     # Self-run writes: work the queue until nothing is due.
     while True:
         stop = rt.extras.get("stop")

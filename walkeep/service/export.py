@@ -34,17 +34,18 @@ def export(rt: Runtime, account_id: str, *, namespace: str | None = None) -> Exp
     contents: dict[str, str] | None = None
     if rt.relayer.content_listable:
         listed = rt.relayer.list_contents(
-            account_id, namespace, list(dict.fromkeys(b.blob_id for _, b in rows))
+            account_id, namespace, list(dict.fromkeys(m.blob_id or b.blob_id for m, b in rows))
         )
         if listed is not None:
             contents = {item.blob_id: item.content for item in listed}
     memories = [
         ExportMemory(
             memory_id=m.id,
-            content=contents.get(b.blob_id) if contents is not None else None,
+            content=contents.get(m.blob_id or b.blob_id) if contents is not None else None,
             namespace=m.namespace,
-            blob_id=b.blob_id,
+            blob_id=m.blob_id or b.blob_id,
             blob_object_id=b.blob_object_id,
+            quilt_id=b.blob_id if b.kind == "quilt" else None,
             stored_at=m.stored_at or m.accepted_at,
         )
         for m, b in rows

@@ -4,12 +4,14 @@ Walrus has no hard delete for a blob someone paid for: the honest promise is
 "we stop paying, it disappears from recall and export now, and the encrypted
 bytes lapse at end_epoch". The note says so, with the epoch and a date.
 Forgetting a blob_id stops every memory of the account that shares it
-(identical content), since they share one renewal.
+(identical content), since they share one renewal. A memory packed in a quilt
+shares its Blob object with other memories: the quilt keeps renewing while any
+of them is active, and the note says so rather than promising a lapse date.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import update
+from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 
 from walkeep.db.models import Memory, Request
@@ -37,15 +39,16 @@ def forget(rt: Runtime, account_id: str, *, memory_id: str, request_id: str) -> 
     try:
         with rt.db.begin() as s:
             rows = resolve(s, account_id, memory_id)
-            blob_pks = {b.id for _, b in rows if b is not None}
+            public = {m.blob_id for m, _ in rows if m.blob_id}
             ids_ = {m.id for m, _ in rows}
-            # Every memory of this account on the same blob(s) stops renewing.
-            if blob_pks:
+            # Every memory of this account with the same blob_id (identical content:
+            # one blob, or one quilt patch) stops renewing.
+            if public:
                 s.execute(
                     update(Memory)
                     .where(
                         Memory.account_id == account_id,
-                        Memory.blob_pk.in_(blob_pks),
+                        Memory.blob_id.in_(public),
                         Memory.status.in_([MemoryStatus.ACTIVE, MemoryStatus.PAUSED]),
                     )
                     .values(status=MemoryStatus.NO_RENEW, forgotten_at=now, status_changed_at=now)
@@ -59,12 +62,25 @@ def forget(rt: Runtime, account_id: str, *, memory_id: str, request_id: str) -> 
             ends = [b.end_epoch for _, b in rows if b is not None]
             stopped = (
                 len(rows)
-                if not blob_pks
+                if not public
                 else s.query(Memory)
-                .filter(Memory.account_id == account_id, Memory.blob_pk.in_(blob_pks))
+                .filter(Memory.account_id == account_id, Memory.blob_id.in_(public))
                 .count()
             )
-            note = _note(ends, info, now, stopped, memory_id)
+            quilt_pks = {b.id for _, b in rows if b is not None and b.kind == "quilt"}
+            neighbours = (
+                s.scalar(
+                    select(func.count())
+                    .select_from(Memory)
+                    .where(
+                        Memory.blob_pk.in_(quilt_pks),
+                        Memory.status == MemoryStatus.ACTIVE,
+                    )
+                )
+                if quilt_pks
+                else 0
+            )
+            note = _note(ends, info, now, stopped, memory_id, neighbours=neighbours or 0)
             result = ForgetResult(memory_id=memory_id, status="no-renew", note=note)
             s.add(
                 Request(
@@ -89,7 +105,7 @@ def forget(rt: Runtime, account_id: str, *, memory_id: str, request_id: str) -> 
     return result
 
 
-def _note(ends: list[int], info, now, stopped: int, ident: str) -> str:  # type: ignore[no-untyped-def]
+def _note(ends: list[int], info, now, stopped: int, ident: str, *, neighbours: int = 0) -> str:  # type: ignore[no-untyped-def]
     copies = f"{stopped} memories sharing this blob" if stopped > 1 else "this memory"
     head = (
         f"Renewal stopped for {copies}; it no longer appears in recall or export. "
@@ -99,6 +115,14 @@ def _note(ends: list[int], info, now, stopped: int, ident: str) -> str:  # type:
         return (
             head
             + "; it is still being written and will lapse at the end of its initial paid epochs."
+        )
+    if neighbours:
+        return (
+            f"{head}. It is packed in a Walrus quilt with {neighbours} other active "
+            "memories that are still renewed, so its encrypted patch stays on Walrus while "
+            "that quilt is renewed (you are no longer billed for it), until the quilt is "
+            "re-packed without it or lapses. Only someone holding your account's key can "
+            "decrypt it."
         )
     end = max(ends)
     when = approx_epoch_start(info, end, now).strftime("%Y-%m-%d %H:%M UTC")

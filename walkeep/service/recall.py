@@ -57,18 +57,18 @@ def recall(
     blob_ids = list(dict.fromkeys(h.blob_id for h in hits))
     q = (
         select(
-            Blob.blob_id,
+            Memory.blob_id,
             func.min(func.coalesce(Memory.stored_at, Memory.accepted_at)),
             func.max(Blob.end_epoch),
         )
-        .join(Memory, Memory.blob_pk == Blob.id)
+        .join(Blob, Blob.id == Memory.blob_pk)
         .where(
             Memory.account_id == account_id,
             Memory.status.in_(list(VISIBLE)),
-            Blob.blob_id.in_(blob_ids),
+            Memory.blob_id.in_(blob_ids),
             Blob.end_epoch > current,
         )
-        .group_by(Blob.blob_id)
+        .group_by(Memory.blob_id)
     )
     if namespace is not None:
         q = q.where(Memory.namespace == namespace)

@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import exists, func, insert, select, text, update
 from sqlalchemy.orm import Session
@@ -91,6 +92,7 @@ class RenewReport:
     resumed_memories: int = 0
     captured_mc: int = 0
     wal_cost_frost: int = 0
+    compactions: int = 0
     digests: list[str] = field(default_factory=list)
     explorer_urls: list[str] = field(default_factory=list)
 
@@ -105,6 +107,7 @@ class _Due:
     end_epoch: int
     storage_size: int
     renew_failures: int
+    kind: str
 
 
 @dataclass
@@ -164,6 +167,10 @@ def _renew(rt: Runtime, *, max_batches: int | None, worker: str | None) -> Renew
     report = RenewReport()
     worker = worker or worker_name()
     report.resumed_memories = resume_eligible(rt)
+    # Mostly-forgotten quilts are re-packed instead of extended, when cheaper.
+    from walkeep.service import compaction
+
+    report.compactions = compaction.start(rt).started
     batches = 0
     stop = rt.extras.get("stop")
     while max_batches is None or batches < max_batches:
@@ -189,26 +196,70 @@ def resume_eligible(rt: Runtime) -> int:
     total = 0
     for account_id in accounts:
         with rt.db.begin() as s:
-            cheapest = s.execute(
-                select(Blob.storage_size, Blob.end_epoch)
-                .join(Memory, Memory.blob_pk == Blob.id)
-                .where(Memory.account_id == account_id, Memory.status == MemoryStatus.PAUSED)
-                .order_by(Blob.storage_size)
-                .limit(1)
-            ).first()
-            if cheapest is None:
+            paused = list(
+                s.execute(
+                    select(Blob.id, Blob.kind, Blob.storage_size, Blob.end_epoch)
+                    .join(Memory, Memory.blob_pk == Blob.id)
+                    .where(Memory.account_id == account_id, Memory.status == MemoryStatus.PAUSED)
+                    .distinct()
+                    .limit(100)
+                )
+            )
+            if not paused:
                 continue
             current = rt.chain.current_epoch()
-            k = max(
-                1,
-                lifecycle.extension_epochs(cheapest[1], current, rt.settings.target_runway_epochs),
+            shares = quilt_shares(
+                s, [b.id for b in paused if b.kind == "quilt"], (MemoryStatus.PAUSED,)
             )
-            need = pricing.renewal_cost_mc(
-                cheapest[0], k, rt.settings.renewal_price_mc_per_unit_epoch
+            need = min(
+                blob_renewal_cost_mc(
+                    b,
+                    shares,
+                    max(
+                        1,
+                        lifecycle.extension_epochs(
+                            b.end_epoch, current, rt.settings.target_runway_epochs
+                        ),
+                    ),
+                    rt.settings.renewal_price_mc_per_unit_epoch,
+                )
+                for b in paused
             )
             if ledger.balance(s, account_id).available_mc >= max(need, 1):
                 total += resume_paused(s, account_id)
     return total
+
+
+ACTIVE_ONLY = (MemoryStatus.ACTIVE,)
+KEPT = (MemoryStatus.ACTIVE, MemoryStatus.PAUSED)
+
+
+def quilt_shares(
+    s: Session, quilt_pks: list[int], statuses: tuple[MemoryStatus, ...]
+) -> dict[int, int]:
+    """Per quilt, the sum of its members' fixed shares (millionths of a unit), counting
+    identical copies (one patch) once; only members in ``statuses``."""
+    if not quilt_pks:
+        return {}
+    members = (
+        select(Memory.blob_pk, Memory.blob_id, Memory.share_micro)
+        .where(Memory.blob_pk.in_(quilt_pks), Memory.status.in_(list(statuses)))
+        .distinct()
+        .subquery()
+    )
+    rows = s.execute(
+        select(members.c.blob_pk, func.sum(members.c.share_micro)).group_by(members.c.blob_pk)
+    )
+    return {int(pk): int(total or 0) for pk, total in rows}
+
+
+def blob_renewal_cost_mc(blob: Any, shares: dict[int, int], epochs: int, price: int) -> int:
+    """What an account pays to extend ``blob`` by ``epochs``: a plain blob's whole
+    encoded units; for a quilt, only its kept members' fixed shares — the shares of
+    forgotten members are Walkeep's cost (``walkeep_quilt_unbilled_mc_total``)."""
+    if blob.kind == "quilt":
+        return pricing.share_renewal_cost_mc(shares.get(blob.id, 0), epochs, price)
+    return pricing.renewal_cost_mc(blob.storage_size, epochs, price)
 
 
 def batch_size(rt: Runtime) -> int:
@@ -230,6 +281,7 @@ def _due_query(rt: Runtime, current: int, now):  # type: ignore[no-untyped-def]
             Blob.end_epoch,
             Blob.storage_size,
             Blob.renew_failures,
+            Blob.kind,
         )
         .where(
             Blob.status == BlobStatus.LIVE,
@@ -259,14 +311,13 @@ def _claim_batch(rt: Runtime, current: int, worker: str, report: RenewReport) ->
             return None
         by_account: dict[str | None, list[tuple[_Due, int, int]]] = defaultdict(list)
         capped: list[int] = []
+        shares = quilt_shares(s, [b.id for b in blobs if b.kind == "quilt"], ACTIVE_ONLY)
         for b in blobs:
             k = lifecycle.extension_epochs(b.end_epoch, current, target)
             if k <= 0:
                 capped.append(b.id)  # nothing can be added (cap): look again next epoch
                 continue
-            by_account[b.account_id].append(
-                (b, k, pricing.renewal_cost_mc(b.storage_size, k, price))
-            )
+            by_account[b.account_id].append((b, k, blob_renewal_cost_mc(b, shares, k, price)))
         if capped:
             next_epoch = now + timedelta(seconds=rt.chain.epoch_info().duration_seconds)
             s.execute(update(Blob).where(Blob.id.in_(capped)).values(renew_not_before=next_epoch))
@@ -461,13 +512,33 @@ def _record(
                 Blob.blob_object_id,
                 Blob.end_epoch,
                 Blob.renewals_performed,
+                Blob.kind,
+                Blob.storage_size,
+                RenewalItem.epochs,
+                RenewalItem.cost_mc,
             )
             .join(Blob, Blob.id == RenewalItem.blob_pk)
             .where(RenewalItem.renewal_id == renewal_id)
         ).all()
         blob_rows = []
         item_fixes = []
-        for item_id, _acct, planned_end, blob_pk, object_id, end_epoch, performed in items:
+        unbilled = 0
+        price = rt.settings.renewal_price_mc_per_unit_epoch
+        for (
+            item_id,
+            _acct,
+            planned_end,
+            blob_pk,
+            object_id,
+            end_epoch,
+            performed,
+            kind,
+            storage_size,
+            epochs,
+            item_cost,
+        ) in items:
+            if kind == "quilt":
+                unbilled += max(0, pricing.renewal_cost_mc(storage_size, epochs, price) - item_cost)
             ext = by_object.get(object_id)
             new_end = ext.new_end_epoch if ext else planned_end
             if new_end != planned_end:
@@ -508,6 +579,7 @@ def _record(
             )
         )
     n = len(items)
+    metrics.QUILT_UNBILLED_MC.inc(unbilled)
     metrics.RENEWAL_TXS.labels("confirmed").inc()
     metrics.RENEWED_BLOBS.inc(n)
     metrics.BLOBS_PER_TX.observe(n)
@@ -648,11 +720,19 @@ def reconcile_renewals(
 
 
 def blob_row(
-    obj: BlobObject, account_id: str | None, status: BlobStatus, now: datetime, threshold: int
+    obj: BlobObject,
+    account_id: str | None,
+    status: BlobStatus,
+    now: datetime,
+    threshold: int,
+    *,
+    patch_count: int | None = None,
 ) -> dict[str, object]:
-    """The ``blobs`` row for an on-chain Blob object."""
+    """The ``blobs`` row for an on-chain Blob object (a quilt when it has patches)."""
     return {
         "account_id": account_id,
+        "kind": "quilt" if patch_count is not None else "blob",
+        "patch_count": patch_count,
         "blob_id": obj.blob_id,
         "blob_object_id": obj.blob_object_id,
         "size_bytes": obj.size,

@@ -95,6 +95,9 @@ class ExportMemory(_Out):
     blob_id: str
     blob_object_id: str
     stored_at: datetime
+    # The quilt's own blob id when the memory is packed in a quilt (its blob_id is
+    # then the patch id, and blob_object_id the quilt's Blob object).
+    quilt_id: str | None = None
 
 
 class OwnershipProof(_Out):

@@ -30,7 +30,8 @@ def resolve(session: Session, account_id: str, ident: str) -> list[tuple[Memory,
     if ident.startswith("mem_"):
         q = q.where(Memory.id == ident)
     else:
-        q = q.where(Blob.blob_id == ident)
+        # A memory's blob_id is its quilt patch id, or its own blob's id.
+        q = q.where(Memory.blob_id == ident)
     rows: list[tuple[Memory, Blob | None]] = [
         (m, b) for m, b in session.execute(q.order_by(Memory.accepted_at))
     ]
