@@ -2,8 +2,8 @@
 
 Three small Protocols, each with local and real implementations:
 
-- ``BlobStore`` — a Walrus publisher/aggregator: put encrypted bytes, get
-  them back. Local: ``localnet`` (files + simulated chain). Real: ``walrus``
+- ``BlobStore`` — a Walrus publisher/aggregator: put encrypted bytes (alone,
+  or many as one quilt), get them back. Local: ``localnet`` (files + simulated chain). Real: ``walrus``
   (HTTP).
 - ``Chain`` — the Sui side: the current Walrus epoch, a Blob object's state,
   and ``extend_blob`` for many blobs in one transaction whose digest is known
@@ -62,6 +62,28 @@ class StoredBlob:
     cost_frost: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class QuiltPatch:
+    """One patch of a stored quilt: the caller's identifier and its Walrus patch id."""
+
+    identifier: str
+    patch_id: str  # 50 chars; its first 43 are the quilt's blob id (walkeep.quilt)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredQuilt:
+    """The outcome of a quilt PUT: one Blob object holding every patch.
+
+    The quilt is stored, paid and extended as that one blob; patches cannot
+    be renewed or deleted individually.
+    """
+
+    blob: BlobObject  # the quilt's Blob object; blob.blob_id is the quilt id
+    patches: tuple[QuiltPatch, ...]  # same order as the request
+    newly_created: bool
+    cost_frost: int | None = None
+
+
 @runtime_checkable
 class BlobStore(Protocol):
     name: str
@@ -75,6 +97,21 @@ class BlobStore(Protocol):
 
     def get(self, blob_id: str) -> bytes:
         """Raises NotFound if the blob never existed or has lapsed."""
+        ...
+
+    def put_quilt(
+        self, patches: Sequence[tuple[str, bytes]], *, epochs: int, owner: str
+    ) -> StoredQuilt:
+        """Store ``(identifier, bytes)`` patches as one quilt blob owned by ``owner``.
+
+        Raises like :meth:`put` (RelayerUnavailable, QuotaExceeded), and
+        ValidationError for more than 666 patches or bad identifiers (empty,
+        duplicate, starting with ``_``, over 64 KiB).
+        """
+        ...
+
+    def get_patch(self, patch_id: str) -> bytes:
+        """One patch's bytes; NotFound if never stored, malformed, or lapsed."""
         ...
 
     def health(self) -> Health: ...

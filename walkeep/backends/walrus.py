@@ -8,15 +8,20 @@ Wire contract (notes/walrus-sui.md §1):
   is wrong). ``send_object_to`` makes the new ``Blob`` object Walkeep's, so Walkeep can
   renew it; ``force=true`` always creates a new object, because an ``alreadyCertified``
   answer leaves us with nothing we own and therefore nothing we can renew.
-- ``GET {aggregator}/v1/blobs/{blob_id}`` and ``/v1/blobs/by-object-id/{id}`` → raw bytes.
+- ``PUT {publisher}/v1/quilts?epochs=N&send_object_to=<owner>&force=true`` as
+  ``multipart/form-data`` (one field per patch, field name = identifier) → 200
+  ``{"blobStoreResult": <BlobStoreResult>, "storedQuiltBlobs": [{"identifier",
+  "quiltPatchId"}]}``: many small blobs as one Blob object (walkeep.quilt).
+- ``GET {aggregator}/v1/blobs/{blob_id}``, ``/v1/blobs/by-object-id/{id}`` and
+  ``/v1/blobs/by-quilt-patch-id/{patch_id}`` → raw bytes.
 - Errors are AIP-193: ``{"error": {"code", "status", "message", "details":
   [{"@type": "ErrorInfo", "reason": "BLOB_NOT_FOUND", ...}]}}``; the ``reason`` is
   passed on in ``data.reason``.
 
-Retries, and why PUT has none: a PUT is not idempotent — every successful attempt buys
-storage and mints a Blob object, so a blind retry after a timeout can pay twice
-(MemWal #477 is exactly that bug). ``put`` makes one attempt; on failure
-``data.outcome`` says what may have happened: ``"not_sent"`` (connection refused or
+Retries, and why PUT (blob or quilt) has none: a PUT is not idempotent — every successful
+attempt buys storage and mints a Blob object, so a blind retry after a timeout can pay
+twice (MemWal #477 is exactly that bug). ``put`` and ``put_quilt`` make one attempt; on
+failure ``data.outcome`` says what may have happened: ``"not_sent"`` (connection refused or
 connect timeout: nothing reached the publisher), ``"not_stored"`` (the publisher refused
 the request), ``"unknown"`` (read timeout, 5xx, 504 ``INSUFFICIENT_CONFIRMATIONS``: a
 Blob may exist). Because the object is sent to Walkeep's own wallet, an "unknown"
@@ -31,13 +36,13 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 from urllib.parse import quote
 
 import httpx
 
-from walkeep.backends.base import BlobObject, Health, StoredBlob
+from walkeep.backends.base import BlobObject, Health, QuiltPatch, StoredBlob, StoredQuilt
 from walkeep.errors import (
     ConfigurationError,
     NotFound,
@@ -47,6 +52,7 @@ from walkeep.errors import (
 )
 from walkeep.lifecycle import MAX_EPOCHS_AHEAD
 from walkeep.pricing import encoded_blob_length
+from walkeep.quilt import decode_patch_id, is_patch_id, plan_layout
 
 log = logging.getLogger(__name__)
 
@@ -171,19 +177,131 @@ class WalrusBlobStore:
         exists, so the caller must not register it for renewal: store again or treat
         the write as failed.
         """
+        epochs = self._check_epochs(epochs)
+        owner = owner.lower()
+        response = self._publisher_put(
+            "/v1/blobs",
+            {"epochs": str(epochs), "send_object_to": owner, "force": "true"},
+            len(data),
+            content=bytes(data),
+        )
+        size = len(data)
+        return self._parse_store_result(
+            self._json(response), size, encoded_blob_length(size), owner
+        )
+
+    def put_quilt(
+        self, patches: Sequence[tuple[str, bytes]], *, epochs: int, owner: str
+    ) -> StoredQuilt:
+        """Store ``(identifier, bytes)`` patches as one quilt (``PUT /v1/quilts``, multipart).
+
+        One attempt only, like :meth:`put` (same errors and ``data.outcome``). The
+        patches are checked here first (at most 666, identifiers unique, non-empty,
+        not starting with ``_``): ``ValidationError`` and nothing is sent. The answer
+        must name every requested identifier once, with a well-formed patch id of
+        this quilt; otherwise ``RelayerUnavailable`` (``outcome="unknown"``: a quilt
+        may exist, and the orphan sweep finds it).
+        """
+        epochs = self._check_epochs(epochs)
+        items = [(identifier, bytes(data)) for identifier, data in patches]
+        try:
+            layout = plan_layout([(i, len(d)) for i, d in items])
+        except ValueError as exc:
+            raise ValidationError(f"invalid quilt: {exc}", {"backend": self.name}) from None
+        owner = owner.lower()
+        response = self._publisher_put(
+            "/v1/quilts",
+            {"epochs": str(epochs), "send_object_to": owner, "force": "true"},
+            sum(len(d) for _, d in items),
+            files=[(i, (i, d, "application/octet-stream")) for i, d in items],
+        )
+        body = self._json(response)
+        result = body.get("blobStoreResult")
+        if not isinstance(result, dict):
+            raise self._unavailable(
+                "Walrus quilt result lacks 'blobStoreResult'", outcome="unknown"
+            )
+        stored = self._parse_store_result(result, layout.laid_out_size, layout.storage_size, owner)
+        blob_id = stored.blob.blob_id
+        by_identifier: dict[str, str] = {}
+        for entry in body.get("storedQuiltBlobs") or []:
+            identifier = entry.get("identifier") if isinstance(entry, dict) else None
+            patch_id = entry.get("quiltPatchId") if isinstance(entry, dict) else None
+            if not isinstance(identifier, str) or not isinstance(patch_id, str):
+                raise self._unavailable(
+                    "Walrus quilt result has a malformed storedQuiltBlobs entry",
+                    blob_id=blob_id,
+                    outcome="unknown",
+                )
+            if identifier in by_identifier:
+                raise self._unavailable(
+                    f"Walrus quilt result names {identifier!r} twice",
+                    blob_id=blob_id,
+                    outcome="unknown",
+                )
+            try:
+                ref = decode_patch_id(patch_id)
+            except ValueError as exc:
+                raise self._unavailable(
+                    f"Walrus returned a malformed patch id for {identifier!r}: {exc}",
+                    blob_id=blob_id,
+                    outcome="unknown",
+                ) from None
+            if ref.quilt_blob_id != blob_id:
+                raise self._unavailable(
+                    f"Walrus patch id for {identifier!r} belongs to quilt "
+                    f"{ref.quilt_blob_id}, not {blob_id}",
+                    blob_id=blob_id,
+                    outcome="unknown",
+                )
+            by_identifier[identifier] = patch_id
+        requested = [i for i, _ in items]
+        if set(by_identifier) != set(requested):
+            missing = sorted(set(requested) - set(by_identifier))
+            extra = sorted(set(by_identifier) - set(requested))
+            raise self._unavailable(
+                "Walrus quilt result does not match the request "
+                f"(missing {missing[:5]}, unexpected {extra[:5]})",
+                blob_id=blob_id,
+                outcome="unknown",
+            )
+        return StoredQuilt(
+            blob=stored.blob,
+            patches=tuple(QuiltPatch(i, by_identifier[i]) for i in requested),
+            newly_created=stored.newly_created,
+            cost_frost=stored.cost_frost,
+        )
+
+    @staticmethod
+    def _check_epochs(epochs: int) -> int:
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
             raise ValidationError("epochs must be a positive integer", {"epochs": epochs})
         if epochs > MAX_EPOCHS_AHEAD:
             raise ValidationError(f"epochs must be at most {MAX_EPOCHS_AHEAD}", {"epochs": epochs})
-        owner = owner.lower()
-        headers = {"content-type": "application/octet-stream"}
+        return epochs
+
+    def _publisher_put(
+        self,
+        path: str,
+        params: dict[str, str],
+        size: int,
+        *,
+        content: bytes | None = None,
+        files: list[tuple[str, tuple[str, bytes, str]]] | None = None,
+    ) -> httpx.Response:
+        """One PUT to the publisher; a non-200 answer becomes the typed error."""
+        headers = {} if files is not None else {"content-type": "application/octet-stream"}
         if self._jwt:
             headers["authorization"] = f"Bearer {self._jwt}"
-        params = {"epochs": str(epochs), "send_object_to": owner, "force": "true"}
-        url = f"{self.publisher_url}/v1/blobs"
+        url = f"{self.publisher_url}{path}"
         try:
             response = self._http.put(
-                url, params=params, content=bytes(data), headers=headers, timeout=self._timeout
+                url,
+                params=params,
+                content=content,
+                files=files,
+                headers=headers,
+                timeout=self._timeout,
             )
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise self._unavailable(
@@ -199,8 +317,8 @@ class WalrusBlobStore:
                 outcome="unknown",
             ) from exc
         if response.status_code != 200:
-            self._raise_put_error(response, len(data))
-        return self._parse_store_result(response, data, owner)
+            self._raise_put_error(response, size)
+        return response
 
     def _raise_put_error(self, response: httpx.Response, size: int) -> None:
         status = response.status_code
@@ -225,7 +343,7 @@ class WalrusBlobStore:
             outcome=outcome,
         )
 
-    def _parse_store_result(self, response: httpx.Response, data: bytes, owner: str) -> StoredBlob:
+    def _json(self, response: httpx.Response) -> dict[str, Any]:
         try:
             body = response.json()
         except ValueError:
@@ -234,6 +352,12 @@ class WalrusBlobStore:
             raise self._unavailable(
                 "Walrus publisher sent an unreadable store result", outcome="unknown"
             )
+        return body
+
+    def _parse_store_result(
+        self, body: dict[str, Any], size: int, storage_size: int, owner: str
+    ) -> StoredBlob:
+        """A ``BlobStoreResult``; ``size``/``storage_size`` fill an ``alreadyCertified``."""
         if isinstance(body.get("newlyCreated"), dict):
             created = body["newlyCreated"]
             try:
@@ -262,8 +386,8 @@ class WalrusBlobStore:
                 blob=BlobObject(
                     blob_id=blob_id,
                     blob_object_id=object_id if isinstance(object_id, str) else "",
-                    size=len(data),
-                    storage_size=encoded_blob_length(len(data)),
+                    size=size,
+                    storage_size=storage_size,
                     registered_epoch=0,
                     end_epoch=end_epoch,
                     owner="",
@@ -290,6 +414,14 @@ class WalrusBlobStore:
     def get(self, blob_id: str) -> bytes:
         """The blob's bytes. ``NotFound`` if never stored or lapsed; retried when transient."""
         return self._get(f"/v1/blobs/{quote(blob_id, safe='')}", {"blob_id": blob_id})
+
+    def get_patch(self, patch_id: str) -> bytes:
+        """A quilt patch's bytes (``by-quilt-patch-id``); ``NotFound`` also if malformed."""
+        if not is_patch_id(patch_id):
+            raise NotFound("not a quilt patch id", {"patch_id": str(patch_id)})
+        return self._get(
+            f"/v1/blobs/by-quilt-patch-id/{quote(patch_id, safe='')}", {"patch_id": patch_id}
+        )
 
     def get_by_object_id(self, object_id: str) -> bytes:
         """The bytes behind a Blob (or SharedBlob) object id."""

@@ -6,7 +6,9 @@ can renew), as Walkeep does against real publishers (notes §0.6).
 
 from __future__ import annotations
 
-from walkeep.backends.base import Health, StoredBlob
+from collections.abc import Sequence
+
+from walkeep.backends.base import Health, StoredBlob, StoredQuilt
 from walkeep.backends.localnet.engine import LocalNetwork
 
 
@@ -23,6 +25,14 @@ class LocalBlobStore:
 
     def get(self, blob_id: str) -> bytes:
         return self.localnet.read_blob(blob_id)
+
+    def put_quilt(
+        self, patches: Sequence[tuple[str, bytes]], *, epochs: int, owner: str
+    ) -> StoredQuilt:
+        return self.localnet.store_quilt(patches, epochs=epochs, owner=owner, force=True)
+
+    def get_patch(self, patch_id: str) -> bytes:
+        return self.localnet.read_patch(patch_id)
 
     def health(self) -> Health:
         if self.localnet.faults.unreachable:

@@ -8,8 +8,19 @@ this server and then pointed at a real publisher unchanged:
 - ``PUT /v1/blobs?epochs=&send_object_to=&force=&permanent=&deletable=&share=``
   — raw body; 200 ``{"newlyCreated": {...}}`` or ``{"alreadyCertified": {...}}``
   (camelCase, as serde renders ``BlobStoreResult``).
+- ``PUT /v1/quilts`` (same query) — ``multipart/form-data``, one field per
+  patch (field name = identifier), optional ``_metadata`` (JSON list of
+  ``{identifier, tags}``); at most 666 patches, identifiers unique and not
+  starting with ``_``; body capped like ``/v1/blobs``. 200
+  ``{"blobStoreResult": <as above>, "storedQuiltBlobs": [{"identifier",
+  "quiltPatchId"}]}``.
 - ``GET /v1/blobs/{blob_id}`` and ``GET /v1/blobs/by-object-id/{object_id}``
   — raw bytes, ``application/octet-stream``.
+- ``GET /v1/blobs/by-quilt-patch-id/{patch_id}`` and
+  ``GET /v1/blobs/by-quilt-id/{quilt_id}/{identifier}`` — raw bytes with
+  ``X-Quilt-Patch-Identifier`` (percent-encoded if not printable ASCII) and
+  ``ETag`` (the patch id); ``GET /v1/quilts/{quilt_id}/patches`` →
+  ``[{"identifier", "patch_id", "tags"}]`` (snake_case, as Walrus).
 - Errors are AIP-193 bodies, ``{"error": {"code", "status", "message",
   "details": [{"@type": "ErrorInfo", "reason", "domain", "metadata"}]}}``,
   domain ``daemon.walrus.space`` as in Walrus.
@@ -20,8 +31,10 @@ Where this server differs from a real daemon (on purpose, documented):
   a real publisher's body-size layer answers 413 in plain text, so clients
   must key on the HTTP status, not the body.
 - ``share=true`` (SharedBlob) is not modelled: 400 ``MALFORMED_REQUEST``.
-- ``reuse_resources`` and ``quilt_version`` are accepted and ignored; no
-  quilts, no ``Range`` reads, no JWT auth.
+- ``reuse_resources`` is accepted and ignored; ``quilt_version`` must be
+  ``v1``; no ``Range`` reads, no JWT auth. Quilt sizes, columns and patch ids
+  follow QuiltV1, the quilt's bytes (and so its blob id) do not
+  (``walkeep.quilt``).
 - ``GET /status`` (``OK``) and ``GET /v1/api`` (an HTML page standing in for
   the Redoc docs) answer like a real daemon; clients use them as probes.
 - Injected faults: ``unreachable`` → 503 ``UNAVAILABLE`` on every Walrus
@@ -45,12 +58,17 @@ too, so digests printed by a devnet-backed Walkeep resolve here.
 
 from __future__ import annotations
 
+import json
+from collections.abc import AsyncGenerator
 from typing import Any
+from urllib.parse import quote
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
 
 from walkeep.backends.base import ChainUnavailable
 from walkeep.backends.localnet.engine import (
@@ -62,8 +80,10 @@ from walkeep.backends.localnet.engine import (
     normalize_address,
 )
 from walkeep.backends.localnet.explorer import make_explorer_router
+from walkeep.backends.localnet.quilts import LocalPatch
 from walkeep.errors import NotFound, RelayerUnavailable, ValidationError
 from walkeep.lifecycle import MAX_EPOCHS_AHEAD
+from walkeep.quilt import MAX_PATCHES, is_patch_id
 
 ERROR_DOMAIN = "daemon.walrus.space"
 DEFAULT_PORT = 31415
@@ -91,6 +111,10 @@ _API_PAGE = """<!doctype html><html lang="en"><head><meta charset="utf-8">
 <li><code>PUT /v1/blobs?epochs=&amp;send_object_to=&amp;force=&amp;permanent=</code></li>
 <li><code>GET /v1/blobs/{blob_id}</code></li>
 <li><code>GET /v1/blobs/by-object-id/{object_id}</code></li>
+<li><code>PUT /v1/quilts?epochs=&amp;send_object_to=&amp;force=</code> (multipart)</li>
+<li><code>GET /v1/blobs/by-quilt-patch-id/{patch_id}</code></li>
+<li><code>GET /v1/blobs/by-quilt-id/{quilt_id}/{identifier}</code></li>
+<li><code>GET /v1/quilts/{quilt_id}/patches</code></li>
 <li><code>GET /status</code></li>
 <li>local only: <code>GET /local/v1/epoch</code>, <code>GET /local/v1/objects/{id}</code>,
 <code>GET /explorer/tx/{digest}</code>, <code>GET /explorer/object/{id}</code></li>
@@ -183,6 +207,172 @@ async def _read_body(request: Request, limit: int) -> bytes | None:
     return b"".join(chunks)
 
 
+def _parse_put_query(request: Request) -> tuple[int, bool, bool, str | None] | Response:
+    """``(epochs, force, permanent, owner)`` of a publisher PUT, or the 400 to answer.
+
+    Shared by ``PUT /v1/blobs`` and ``PUT /v1/quilts`` (the same ``PublisherQuery``).
+    """
+    q = request.query_params
+    unknown = sorted(set(q.keys()) - _PUT_PARAMS)
+    if unknown:
+        return _malformed(f"unknown query parameter(s): {', '.join(unknown)}")
+    try:
+        epochs_raw = q.get("epochs", "1")
+        if not (epochs_raw.isascii() and epochs_raw.isdigit()):
+            raise ValueError(f"epochs must be a positive integer, got {epochs_raw!r}")
+        epochs = int(epochs_raw)
+        force = _parse_bool("force", q.get("force", "false"))
+        permanent = _parse_bool("permanent", q.get("permanent", "false"))
+        deletable = _parse_bool("deletable", q.get("deletable", "false"))
+        share = _parse_bool("share", q.get("share", "false"))
+        _parse_bool("reuse_resources", q.get("reuse_resources", "false"))
+        encoding = q.get("encoding_type", "RS2")
+        if encoding != "RS2":
+            raise ValueError(f"unsupported encoding_type {encoding!r} (only RS2)")
+        quilt_version = q.get("quilt_version", "v1")
+        if quilt_version.lower() not in ("v1", "1"):
+            raise ValueError(f"unsupported quilt_version {quilt_version!r} (only v1)")
+        send_to = q.get("send_object_to")
+        owner = normalize_address(send_to) if send_to is not None else None
+    except ValueError as exc:
+        return _malformed(str(exc))
+    if permanent and deletable:
+        return aip193(
+            400,
+            "INVALID_ARGUMENT",
+            "INVALID_BLOB_PERSISTENCE",
+            "the blob cannot be both deletable and permanent",
+        )
+    if share and owner is not None:
+        return _malformed("send_object_to and share=true are mutually exclusive")
+    if share:
+        return _malformed("share=true (SharedBlob) is not supported by the local network")
+    if not 1 <= epochs <= MAX_EPOCHS_AHEAD:
+        return _malformed(f"epochs must be between 1 and {MAX_EPOCHS_AHEAD}, got {epochs}")
+    return epochs, force, permanent, owner
+
+
+def _too_large(max_body_bytes: int) -> JSONResponse:
+    return aip193(
+        413,
+        "SIZE_EXCEEDED",
+        "BLOB_TOO_LARGE",
+        f"the blob is too large: the limit is {max_body_bytes} bytes",
+        {"max_body_bytes": max_body_bytes},
+    )
+
+
+def _store_failed(exc: RelayerUnavailable) -> JSONResponse:
+    if exc.data.get("fault") == "write_failed":
+        return aip193(
+            504,
+            "DEADLINE_EXCEEDED",
+            "INSUFFICIENT_CONFIRMATIONS",
+            "the service timed-out while waiting for confirmations, please try again",
+        )
+    return _unavailable("SERVICE_UNAVAILABLE")
+
+
+def blob_store_result_json(
+    network: LocalNetwork, rec: ObjectRecord, newly_created: bool, cost: int | None, epochs: int
+) -> dict[str, Any]:
+    """A ``BlobStoreResult`` (``newlyCreated`` / ``alreadyCertified``), camelCase."""
+    if newly_created:
+        return {
+            "newlyCreated": {
+                "blobObject": blob_object_json(rec),
+                "resourceOperation": {
+                    "registerFromScratch": {
+                        "encodedLength": rec.storage_size,
+                        "epochsAhead": epochs,
+                    }
+                },
+                "cost": cost or 0,
+            }
+        }
+    already: dict[str, Any] = {"blobId": rec.blob_id}
+    if rec.deletable and rec.owner == network.server_address:
+        already["object"] = rec.object_id
+    else:
+        already["event"] = {"txDigest": rec.last_tx, "eventSeq": "0"}
+    already["endEpoch"] = rec.end_epoch
+    return {"alreadyCertified": already}
+
+
+async def _single_chunk(body: bytes) -> AsyncGenerator[bytes, None]:
+    yield body
+
+
+async def _parse_quilt_form(
+    request: Request, body: bytes, max_part: int
+) -> tuple[list[tuple[str, bytes]], dict[str, dict[str, str]]] | Response:
+    """``(patches, tags)`` from a ``PUT /v1/quilts`` multipart body, or the 400 to answer.
+
+    Every field but ``_metadata`` is a patch named by its field name (file or plain
+    field alike); ``_metadata`` is a JSON list of ``{"identifier", "tags"}``.
+    """
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        return _malformed("a quilt is sent as multipart/form-data")
+    parser = MultiPartParser(
+        request.headers,
+        _single_chunk(body),
+        max_files=MAX_PATCHES + 1,
+        max_fields=MAX_PATCHES + 2,
+        max_part_size=max_part,
+    )
+    try:
+        form = await parser.parse()
+    except MultiPartException as exc:
+        if "Too many" in exc.message:
+            return _malformed(f"a quilt holds at most {MAX_PATCHES} patches")
+        return _malformed(f"invalid multipart body: {exc.message}")
+    patches: list[tuple[str, bytes]] = []
+    metadata: Any = None
+    try:
+        for name, value in form.multi_items():
+            raw = await value.read() if isinstance(value, UploadFile) else value.encode()
+            if name == "_metadata":
+                if metadata is not None:
+                    return _malformed("_metadata given twice")
+                try:
+                    metadata = json.loads(raw)
+                except ValueError:
+                    return _malformed("_metadata must be JSON")
+                continue
+            patches.append((name, raw))
+    finally:
+        await form.close()
+    if len(patches) > MAX_PATCHES:
+        return _malformed(f"a quilt holds at most {MAX_PATCHES} patches, got {len(patches)}")
+    tags: dict[str, dict[str, str]] = {}
+    if metadata is not None:
+        if not isinstance(metadata, list):
+            return _malformed("_metadata must be a JSON list of {identifier, tags}")
+        for entry in metadata:
+            ident = entry.get("identifier") if isinstance(entry, dict) else None
+            entry_tags = entry.get("tags", {}) if isinstance(entry, dict) else None
+            if not isinstance(ident, str) or not isinstance(entry_tags, dict):
+                return _malformed("_metadata entries are {identifier: str, tags: {str: str}}")
+            if not all(isinstance(k, str) and isinstance(v, str) for k, v in entry_tags.items()):
+                return _malformed(f"tags of {ident!r} must map strings to strings")
+            tags[ident] = entry_tags
+    return patches, tags
+
+
+def _patch_response(patch: LocalPatch, data: bytes) -> Response:
+    ident = patch.identifier
+    header = ident if ident.isascii() and ident.isprintable() else quote(ident, safe="")
+    return Response(
+        content=data,
+        media_type="application/octet-stream",
+        headers={
+            "ETag": patch.patch_id,
+            "X-Quilt-Patch-Identifier": header,
+            "X-Content-Type-Options": "nosniff",
+        },
+    )
+
+
 def create_devnet_app(network: LocalNetwork, *, max_body_bytes: int = 10 * 2**20) -> FastAPI:
     """The ASGI app: Walrus publisher + aggregator + local JSON + explorer."""
     app = FastAPI(
@@ -194,49 +384,13 @@ def create_devnet_app(network: LocalNetwork, *, max_body_bytes: int = 10 * 2**20
 
     @app.put("/v1/blobs")
     async def put_blob(request: Request) -> Response:
-        q = request.query_params
-        unknown = sorted(set(q.keys()) - _PUT_PARAMS)
-        if unknown:
-            return _malformed(f"unknown query parameter(s): {', '.join(unknown)}")
-        try:
-            epochs_raw = q.get("epochs", "1")
-            if not (epochs_raw.isascii() and epochs_raw.isdigit()):
-                raise ValueError(f"epochs must be a positive integer, got {epochs_raw!r}")
-            epochs = int(epochs_raw)
-            force = _parse_bool("force", q.get("force", "false"))
-            permanent = _parse_bool("permanent", q.get("permanent", "false"))
-            deletable = _parse_bool("deletable", q.get("deletable", "false"))
-            share = _parse_bool("share", q.get("share", "false"))
-            _parse_bool("reuse_resources", q.get("reuse_resources", "false"))
-            encoding = q.get("encoding_type", "RS2")
-            if encoding != "RS2":
-                raise ValueError(f"unsupported encoding_type {encoding!r} (only RS2)")
-            send_to = q.get("send_object_to")
-            owner = normalize_address(send_to) if send_to is not None else None
-        except ValueError as exc:
-            return _malformed(str(exc))
-        if permanent and deletable:
-            return aip193(
-                400,
-                "INVALID_ARGUMENT",
-                "INVALID_BLOB_PERSISTENCE",
-                "the blob cannot be both deletable and permanent",
-            )
-        if share and owner is not None:
-            return _malformed("send_object_to and share=true are mutually exclusive")
-        if share:
-            return _malformed("share=true (SharedBlob) is not supported by the local network")
-        if not 1 <= epochs <= MAX_EPOCHS_AHEAD:
-            return _malformed(f"epochs must be between 1 and {MAX_EPOCHS_AHEAD}, got {epochs}")
+        parsed = _parse_put_query(request)
+        if isinstance(parsed, Response):
+            return parsed
+        epochs, force, permanent, owner = parsed
         body = await _read_body(request, max_body_bytes)
         if body is None:
-            return aip193(
-                413,
-                "SIZE_EXCEEDED",
-                "BLOB_TOO_LARGE",
-                f"the blob is too large: the limit is {max_body_bytes} bytes",
-                {"max_body_bytes": max_body_bytes},
-            )
+            return _too_large(max_body_bytes)
         try:
             stored = await run_in_threadpool(
                 network.store_blob,
@@ -247,40 +401,54 @@ def create_devnet_app(network: LocalNetwork, *, max_body_bytes: int = 10 * 2**20
                 permanent=permanent,
             )
         except RelayerUnavailable as exc:
-            if exc.data.get("fault") == "write_failed":
-                return aip193(
-                    504,
-                    "DEADLINE_EXCEEDED",
-                    "INSUFFICIENT_CONFIRMATIONS",
-                    "the service timed-out while waiting for confirmations, please try again",
-                )
-            return _unavailable("SERVICE_UNAVAILABLE")
+            return _store_failed(exc)
         except ValidationError as exc:
             return _malformed(exc.message)
         rec = await run_in_threadpool(network.object_record, stored.blob.blob_object_id)
         assert rec is not None
-        if stored.newly_created:
-            return JSONResponse(
-                {
-                    "newlyCreated": {
-                        "blobObject": blob_object_json(rec),
-                        "resourceOperation": {
-                            "registerFromScratch": {
-                                "encodedLength": rec.storage_size,
-                                "epochsAhead": epochs,
-                            }
-                        },
-                        "cost": stored.cost_frost or 0,
-                    }
-                }
+        return JSONResponse(
+            blob_store_result_json(network, rec, stored.newly_created, stored.cost_frost, epochs)
+        )
+
+    @app.put("/v1/quilts")
+    async def put_quilt(request: Request) -> Response:
+        parsed = _parse_put_query(request)
+        if isinstance(parsed, Response):
+            return parsed
+        epochs, force, permanent, owner = parsed
+        body = await _read_body(request, max_body_bytes)
+        if body is None:
+            return _too_large(max_body_bytes)
+        form = await _parse_quilt_form(request, body, max_body_bytes)
+        if isinstance(form, Response):
+            return form
+        patches, tags = form
+        try:
+            stored = await run_in_threadpool(
+                network.store_quilt,
+                patches,
+                epochs=epochs,
+                owner=owner or network.server_address,
+                force=force,
+                permanent=permanent,
+                tags=tags,
             )
-        already: dict[str, Any] = {"blobId": rec.blob_id}
-        if rec.deletable and rec.owner == network.server_address:
-            already["object"] = rec.object_id
-        else:
-            already["event"] = {"txDigest": rec.last_tx, "eventSeq": "0"}
-        already["endEpoch"] = rec.end_epoch
-        return JSONResponse({"alreadyCertified": already})
+        except RelayerUnavailable as exc:
+            return _store_failed(exc)
+        except ValidationError as exc:
+            return _malformed(exc.message)
+        rec = await run_in_threadpool(network.object_record, stored.blob.blob_object_id)
+        assert rec is not None
+        return JSONResponse(
+            {
+                "blobStoreResult": blob_store_result_json(
+                    network, rec, stored.newly_created, stored.cost_frost, epochs
+                ),
+                "storedQuiltBlobs": [
+                    {"identifier": p.identifier, "quiltPatchId": p.patch_id} for p in stored.patches
+                ],
+            }
+        )
 
     def _blob_response(data: bytes, etag: str) -> Response:
         return Response(
@@ -291,6 +459,52 @@ def create_devnet_app(network: LocalNetwork, *, max_body_bytes: int = 10 * 2**20
 
     def _not_found(message: str) -> JSONResponse:
         return aip193(404, "NOT_FOUND", "BLOB_NOT_FOUND", message)
+
+    def _invalid_id(value: str) -> JSONResponse:
+        return aip193(400, "INVALID_ARGUMENT", "INVALID_ID_FORMAT", f"invalid ID format: {value}")
+
+    @app.get("/v1/blobs/by-quilt-patch-id/{patch_id}")
+    def get_patch(patch_id: str) -> Response:
+        if not is_patch_id(patch_id):
+            return _invalid_id(patch_id)
+        try:
+            patch, data = network.read_patch_entry(patch_id)
+        except RelayerUnavailable:
+            return _unavailable()
+        except NotFound:
+            return _not_found("the requested quilt patch does not exist on Walrus (or expired)")
+        return _patch_response(patch, data)
+
+    @app.get("/v1/blobs/by-quilt-id/{quilt_id}/{identifier:path}")
+    def get_patch_by_identifier(quilt_id: str, identifier: str) -> Response:
+        try:
+            blob_id_bytes(quilt_id)
+        except ValueError:
+            return _invalid_id(quilt_id)
+        try:
+            patch, data = network.read_quilt_patch_by_identifier(quilt_id, identifier)
+        except RelayerUnavailable:
+            return _unavailable()
+        except NotFound:
+            return _not_found("the requested quilt patch does not exist on Walrus (or expired)")
+        return _patch_response(patch, data)
+
+    @app.get("/v1/quilts/{quilt_id}/patches")
+    def list_patches(quilt_id: str) -> Response:
+        """Walrus keeps these keys snake_case (no camelCase rename), and so do we."""
+        try:
+            blob_id_bytes(quilt_id)
+        except ValueError:
+            return _invalid_id(quilt_id)
+        try:
+            patches = network.list_quilt_patches(quilt_id)
+        except RelayerUnavailable:
+            return _unavailable()
+        except NotFound:
+            return _not_found("the requested quilt does not exist on Walrus (or expired)")
+        return JSONResponse(
+            [{"identifier": p.identifier, "patch_id": p.patch_id, "tags": p.tags} for p in patches]
+        )
 
     @app.get("/v1/blobs/by-object-id/{object_id}")
     def get_blob_by_object(object_id: str) -> Response:

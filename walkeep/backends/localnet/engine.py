@@ -72,6 +72,7 @@ from walkeep.backends.base import (
     StoredBlob,
     TxEffects,
 )
+from walkeep.backends.localnet.quilts import QuiltStoreMixin
 from walkeep.clock import Clock
 from walkeep.errors import NotFound, RelayerUnavailable, ValidationError
 from walkeep.lifecycle import MAX_EPOCHS_AHEAD
@@ -580,7 +581,7 @@ class _Handle:
         self.conn.close()
 
 
-class LocalNetwork:
+class LocalNetwork(QuiltStoreMixin):
     """The simulated Walrus + Sui network, persisted under ``state_dir``.
 
     Configuration (``epoch_seconds``, ``storage_price_frost``) is a property of

@@ -67,10 +67,14 @@ def tx_json(rec: TxRecord) -> dict[str, Any]:
 
 
 def object_json(net: LocalNetwork, rec: ObjectRecord, current_epoch: int) -> dict[str, Any]:
+    # A quilt is an ordinary Blob on chain; say so, since one renewal covers all its patches.
+    patches = net.quilt_patch_count(rec.blob_id)
     return {
         "network": NETWORK,
         "object_id": rec.object_id,
         "type": BLOB_TYPE,
+        "kind": "quilt" if patches else "blob",
+        "quilt_patches": patches,
         "blob_id": rec.blob_id,
         "blob_id_u256": str(blob_id_to_u256(rec.blob_id)),
         "owner": rec.owner,
@@ -195,6 +199,12 @@ def object_html(data: dict[str, Any]) -> HTMLResponse:
             ("Network", "<strong>local</strong>"),
             ("Object id", f"<code>{_e(data['object_id'])}</code>"),
             ("Type", f"<code>{_e(data['type'])}</code>"),
+            (
+                "Kind",
+                f"quilt of {_e(data['quilt_patches'])} patches (stored and renewed as one blob)"
+                if data["kind"] == "quilt"
+                else "blob",
+            ),
             ("Blob id", f"<code>{_e(data['blob_id'])}</code>"),
             ("Blob id (u256)", f"<code>{_e(data['blob_id_u256'])}</code>"),
             ("Owner", f"<code>{_e(data['owner'])}</code>"),

@@ -1,0 +1,268 @@
+"""Quilts on the local network: many small patches stored as ONE Blob object.
+
+Why a separate module: a quilt *is* a blob to the chain (one store
+transaction with reserve/register/certify, one object, one ``extend_blob``),
+so the engine's blob code does the storing; this module only lays the patches
+out (``walkeep.quilt``) and remembers where each patch sits, so extending,
+expiry, ``owned_blobs`` and the explorer keep working unchanged.
+
+State: the laid-out quilt bytes live in ``contents`` like any blob's; the
+``quilt_patches`` table (created on first use, so the engine's schema stays
+untouched) lists each quilt's patches for fast lookups by patch id or
+identifier. The bytes alone are enough to recover it (``quilt.parse_index``).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
+
+from walkeep.backends.base import BlobObject, QuiltPatch, StoredQuilt
+from walkeep.errors import NotFound, RelayerUnavailable, ValidationError
+from walkeep.quilt import (
+    PatchSlot,
+    QuiltLayout,
+    decode_patch_id,
+    encode_patch_id,
+    layout_bytes,
+    plan_layout,
+    read_patch,
+    source_symbols,
+)
+
+if TYPE_CHECKING:
+    from walkeep.backends.localnet.engine import LocalNetwork
+
+_QUILT_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS quilt_patches ("
+    " blob_id TEXT NOT NULL, start_col INTEGER NOT NULL, end_col INTEGER NOT NULL,"
+    " identifier TEXT NOT NULL, size INTEGER NOT NULL, tags TEXT NOT NULL,"
+    " PRIMARY KEY (blob_id, start_col)) WITHOUT ROWID",
+    "CREATE UNIQUE INDEX IF NOT EXISTS quilt_patches_by_identifier"
+    " ON quilt_patches (blob_id, identifier)",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LocalPatch:
+    """One stored patch, as the devnet and the explorer show it."""
+
+    quilt_blob_id: str
+    identifier: str
+    patch_id: str
+    start_col: int
+    end_col: int
+    size: int
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+def _patch_from_row(blob_id: str, row: tuple[Any, ...]) -> LocalPatch:
+    start, end, identifier, size, tags = row
+    return LocalPatch(
+        blob_id,
+        identifier,
+        encode_patch_id(blob_id, start, end),
+        start,
+        end,
+        size,
+        json.loads(tags),
+    )
+
+
+def _geometry(n_bytes: int, slot: PatchSlot) -> QuiltLayout:
+    """Enough layout to read ``slot`` from a quilt of ``n_bytes`` (symbol size from the length)."""
+    rows, cols = source_symbols()
+    return QuiltLayout(n_bytes // (rows * cols), rows, cols, 0, (slot,))
+
+
+class QuiltStoreMixin:
+    """Quilt methods of :class:`~walkeep.backends.localnet.engine.LocalNetwork`."""
+
+    _quilt_schema_ready = False
+
+    @property
+    def _net(self) -> LocalNetwork:
+        # A mixin of exactly one class: the engine's blob plumbing is right there.
+        return cast("LocalNetwork", self)
+
+    def _quilt_schema(self, c: sqlite3.Connection) -> None:
+        for stmt in _QUILT_SCHEMA:
+            c.execute(stmt)
+
+    def _ensure_quilt_schema(self) -> None:
+        if not self._quilt_schema_ready:
+            with self._net._write() as c:
+                self._quilt_schema(c)
+            self._quilt_schema_ready = True
+
+    def store_quilt(
+        self,
+        patches: Sequence[tuple[str, bytes]],
+        *,
+        epochs: int,
+        owner: str,
+        force: bool = True,
+        permanent: bool = False,
+        tags: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> StoredQuilt:
+        """Store ``(identifier, bytes)`` patches as one quilt blob for ``epochs`` epochs.
+
+        One local store transaction (reserve + register + certify [+ transfer])
+        creates one Blob object whose ``size`` is the laid-out size and whose
+        ``storage_size`` follows from it, so its cost is priced like any
+        blob's. ``force``/``permanent`` behave as in ``store_blob``. Raises
+        ValidationError (bad patches, epochs, owner), RelayerUnavailable
+        (faults, same as ``store_blob``).
+        """
+        self._net._blob_op()
+        owner = self._net._check_store_args(epochs, owner)
+        items: list[tuple[str, bytes]] = []
+        for item in patches:
+            if (
+                not isinstance(item, tuple | list)
+                or len(item) != 2
+                or not isinstance(item[1], bytes | bytearray | memoryview)
+            ):
+                raise ValidationError("quilt patches must be (identifier, bytes) pairs")
+            items.append((item[0], bytes(item[1])))
+        try:
+            layout = plan_layout([(i, len(d)) for i, d in items], tags=tags)
+        except ValueError as exc:
+            raise ValidationError(f"invalid quilt: {exc}", {"patches": len(items)}) from None
+        if self._net._take_fault("fail_next_writes"):
+            raise RelayerUnavailable(
+                "local network write failed (fault injected)", {"fault": "write_failed"}
+            )
+        data = layout_bytes(layout, [d for _, d in items])
+        with self._net._write() as c:
+            self._quilt_schema(c)
+            epoch = self._net._epoch(c)
+            stored: tuple[BlobObject, bool, int | None] | None = None
+            if not force:
+                from walkeep.backends.localnet.engine import blob_id_for
+
+                existing = self._net._already_certified(
+                    c, blob_id_for(data), epoch, epochs, permanent
+                )
+                if existing is not None:
+                    stored = (existing.to_blob_object(), False, None)
+            if stored is None:
+                new = self._net._store_one(
+                    c, data, epoch, self._net._price(c), epochs, owner, permanent
+                )
+                stored = (new.blob, True, new.cost_frost)
+            blob = stored[0]
+            c.executemany(
+                "INSERT OR IGNORE INTO quilt_patches "
+                "(blob_id, start_col, end_col, identifier, size, tags) VALUES (?,?,?,?,?,?)",
+                [
+                    (
+                        blob.blob_id,
+                        s.start_col,
+                        s.end_col,
+                        s.identifier,
+                        s.size,
+                        json.dumps(dict(s.tags)),
+                    )
+                    for s in layout.slots
+                ],
+            )
+        self._quilt_schema_ready = True
+        return StoredQuilt(
+            blob=blob,
+            patches=tuple(
+                QuiltPatch(s.identifier, encode_patch_id(blob.blob_id, s.start_col, s.end_col))
+                for s in layout.slots
+            ),
+            newly_created=stored[1],
+            cost_frost=stored[2],
+        )
+
+    def _live_patch(
+        self, where: str, params: tuple[Any, ...], not_found: dict[str, str]
+    ) -> tuple[LocalPatch, bytes]:
+        self._net._blob_op()
+        self._ensure_quilt_schema()
+        blob_id = params[0]
+        with self._net._read() as c:
+            epoch = self._net._epoch(c)
+            row = c.execute(
+                f"SELECT start_col, end_col, identifier, size, tags FROM quilt_patches WHERE {where}",
+                params,
+            ).fetchone()
+            live = (
+                row is not None
+                and c.execute(
+                    "SELECT 1 FROM objects WHERE blob_id = ? AND end_epoch > ? LIMIT 1",
+                    (blob_id, epoch),
+                ).fetchone()
+            )
+            data = (
+                c.execute("SELECT data FROM contents WHERE blob_id = ?", (blob_id,)).fetchone()
+                if live
+                else None
+            )
+        if row is None or data is None:
+            raise NotFound("quilt patch not found (never stored, or expired)", not_found)
+        patch = _patch_from_row(blob_id, row)
+        raw = bytes(data[0])
+        slot = PatchSlot(patch.identifier, patch.start_col, patch.end_col, patch.size)
+        return patch, read_patch(raw, _geometry(len(raw), slot), slot.start_col, slot.end_col)
+
+    def read_patch_entry(self, patch_id: str) -> tuple[LocalPatch, bytes]:
+        """A patch and its bytes by patch id; NotFound if malformed, unknown or lapsed."""
+        try:
+            ref = decode_patch_id(patch_id)
+        except ValueError as exc:
+            raise NotFound(f"not a quilt patch id: {exc}", {"patch_id": str(patch_id)}) from None
+        return self._live_patch(
+            "blob_id = ? AND start_col = ? AND end_col = ?",
+            (ref.quilt_blob_id, ref.start_col, ref.end_col),
+            {"patch_id": patch_id},
+        )
+
+    def read_patch(self, patch_id: str) -> bytes:
+        """A patch's bytes; NotFound if the id is malformed, unknown, or its quilt lapsed."""
+        return self.read_patch_entry(patch_id)[1]
+
+    def read_quilt_patch_by_identifier(
+        self, quilt_id: str, identifier: str
+    ) -> tuple[LocalPatch, bytes]:
+        """The patch called ``identifier`` in quilt ``quilt_id``, and its bytes; else NotFound."""
+        return self._live_patch(
+            "blob_id = ? AND identifier = ?",
+            (quilt_id, identifier),
+            {"quilt_id": quilt_id, "identifier": identifier},
+        )
+
+    def list_quilt_patches(self, quilt_id: str) -> list[LocalPatch]:
+        """Every patch of a live quilt, in column order; NotFound if unknown or lapsed."""
+        self._net._blob_op()
+        self._ensure_quilt_schema()
+        with self._net._read() as c:
+            epoch = self._net._epoch(c)
+            live = c.execute(
+                "SELECT 1 FROM objects WHERE blob_id = ? AND end_epoch > ? LIMIT 1",
+                (quilt_id, epoch),
+            ).fetchone()
+            rows = c.execute(
+                "SELECT start_col, end_col, identifier, size, tags FROM quilt_patches "
+                "WHERE blob_id = ? ORDER BY start_col",
+                (quilt_id,),
+            ).fetchall()
+        if not live or not rows:
+            raise NotFound("quilt not found (never stored, or expired)", {"quilt_id": quilt_id})
+        return [_patch_from_row(quilt_id, r) for r in rows]
+
+    def quilt_patch_count(self, blob_id: str) -> int | None:
+        """How many patches the blob holds if it is a quilt, else None (explorer view)."""
+        self._ensure_quilt_schema()
+        row = (
+            self._net._conn()
+            .execute("SELECT count(*) FROM quilt_patches WHERE blob_id = ?", (blob_id,))
+            .fetchone()
+        )
+        return int(row[0]) or None
