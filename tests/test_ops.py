@@ -191,3 +191,55 @@ def test_readme_mcp_snippets_match_what_walkeep_serves() -> None:
     assert stdio["mcpServers"]["walkeep"]["args"] == ["mcp"]
     assert stdio["mcpServers"]["walkeep"]["env"] == {"WALKEEP_API_KEY": key}
     assert Settings.model_fields["public_url"].default + "/mcp" == "http://127.0.0.1:8080/mcp"
+
+
+def test_restarting_with_another_epoch_length_keeps_every_memory_alive(
+    settings: Settings,
+    clock,  # type: ignore[no-untyped-def]
+    db,  # type: ignore[no-untyped-def]
+) -> None:
+    """Regression (issue 13): restarting `walkeep serve` with a shorter
+    WALKEEP_LOCAL_EPOCH_SECONDS jumped the epoch and expired every memory at once."""
+    from tests.helpers import account, land_all
+    from walkeep.service import runway, store
+
+    rt = build_runtime(settings, clock=clock, database=db, with_completer=False)
+    a = account(rt)
+    mid = store.store(rt, a, content="keep me through a restart", request_id="r1").memory_id
+    land_all(rt)
+    before = runway.check_runway(rt, a, mid).memories[0]
+    rt.extras["localnet"].close()
+
+    clock.advance(1800)  # half way through an hour-long epoch
+    fast = settings.model_copy(update={"local_epoch_seconds": 60})
+    rt2 = build_runtime(
+        fast, clock=clock, database=db, with_completer=False, configure_network=True
+    )
+    after = runway.check_runway(rt2, a, mid).memories[0]
+    assert after.status == "active"
+    assert (after.current_epoch, after.runway_epochs) == (before.current_epoch, 5)
+    assert rt2.chain.epoch_info().duration_seconds == 60
+    rt2.extras["localnet"].close()
+
+
+def test_doctor_and_smoke_never_rewrite_the_running_networks_epoch_length(
+    settings: Settings,
+    clock,  # type: ignore[no-untyped-def]
+) -> None:
+    """Regression (issue 13): `walkeep doctor` in another shell without the server's
+    WALKEEP_LOCAL_EPOCH_SECONDS froze the running server's epoch."""
+    from walkeep.backends.localnet.engine import LocalNetwork
+    from walkeep.db import migrate
+
+    migrate.upgrade(settings.db_url)
+    server = LocalNetwork(settings.localnet_dir, clock, epoch_seconds=60, configure=True)
+    try:
+        other = settings.model_copy(update={"local_epoch_seconds": 3600})
+        assert doctor(other).ok
+        smoke(other, say=lambda _m: None, clock=clock, timeout_seconds=30)
+        assert server.epoch_seconds == 60
+        before = server.current_epoch()
+        clock.advance(60)
+        assert server.current_epoch() == before + 1
+    finally:
+        server.close()

@@ -256,7 +256,7 @@ def serve(
     db = open_db(settings)
     first_run(settings, db)
     db.dispose()
-    rt = build_runtime(settings)
+    rt = build_runtime(settings, configure_network=True)
     scheduler = None
     lock = None
     if not no_worker:
@@ -311,7 +311,7 @@ def worker() -> None:
     logs.setup("INFO")
     settings = _settings()
     open_db(settings).dispose()
-    run_forever(build_runtime(settings, with_completer=False))
+    run_forever(build_runtime(settings, with_completer=False, configure_network=True))
 
 
 @app.command()
@@ -330,6 +330,7 @@ def devnet(
         SystemClock(),
         epoch_seconds=settings.local_epoch_seconds,
         storage_price_frost=settings.local_storage_price_frost,
+        configure=True,
     )
     typer.echo(
         f"walkeep devnet: Walrus publisher+aggregator API on http://{host}:{port} "
