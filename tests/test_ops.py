@@ -77,11 +77,54 @@ def test_doctor_names_what_is_missing(tmp_path: Path) -> None:
 
 
 def test_smoke_runs_the_whole_promise_on_the_local_network(settings: Settings, clock) -> None:  # type: ignore[no-untyped-def]
+    from walkeep.db import Database
+    from walkeep.service import accounts, runway
+
     lines: list[str] = []
     result = smoke(settings, say=lines.append, clock=clock, timeout_seconds=30)
     assert result.end_epoch_after > result.end_epoch_before
     assert result.explorer_url.endswith(f"/explorer/tx/{result.digest}")
     assert any("landed" in line for line in lines)
+    # Regression (issue 13): it left a funded `smoke` account renewing its memory for ever.
+    db = Database(settings.db_url, clock=clock)
+    try:
+        acct = accounts.get_account(db, result.account_id)
+        assert (acct.name, acct.balance_mc, acct.held_mc) == ("smoke", 0, 0)
+        assert any("taken back" in line and result.account_id in line for line in lines)
+        assert any(f"memory {result.memory_id} forgotten" in line for line in lines)
+        rt = build_runtime(settings, clock=clock, database=db, with_completer=False)
+        view = runway.check_runway(rt, result.account_id, result.memory_id).memories[0]
+        assert view.status == "no-renew"
+        again = smoke(settings, say=lines.append, clock=clock, timeout_seconds=30)
+        assert again.account_id == result.account_id
+        assert accounts.get_account(db, result.account_id).balance_mc == 0
+    finally:
+        db.dispose()
+
+
+def test_smoke_links_the_running_servers_explorer(settings: Settings, clock, db) -> None:  # type: ignore[no-untyped-def]
+    """Regression (issue 13): smoke printed http://127.0.0.1:8080/… whatever port
+    `walkeep serve` listened on."""
+    from tests.test_mcp_e2e import Server
+    from walkeep.ops import record_server
+
+    unset = Settings(
+        data_dir=settings.data_dir,
+        database_url=settings.database_url,
+        local_write_latency_ms=0,
+        master_key=settings.master_key,
+    )
+    assert "public_url" not in unset.model_fields_set
+    with Server(settings, clock, db) as srv:
+        record_server(settings)  # what `walkeep serve` does at start
+        lines: list[str] = []
+        result = smoke(unset, say=lines.append, clock=clock, timeout_seconds=30)
+        assert result.explorer_url == f"{srv.url}/explorer/tx/{result.digest}"
+        assert result.explorer_reachable is True
+    # Nothing answers there any more: smoke says so instead of printing a dead link silently.
+    again = smoke(unset, say=lines.append, clock=clock, timeout_seconds=30)
+    assert again.explorer_url.startswith(srv.url) and again.explorer_reachable is False
+    assert any("walkeep serve" in line for line in lines)
 
 
 def test_first_run_creates_a_default_account_and_a_private_credentials_file(

@@ -254,6 +254,9 @@ def serve(
     logs.setup("INFO")
     settings = _serve_settings(host, port)
     db = open_db(settings)
+    from walkeep.ops import record_server
+
+    record_server(settings)  # so `walkeep smoke` links to this server's explorer
     first_run(settings, db)
     db.dispose()
     rt = build_runtime(settings, configure_network=True)
@@ -379,12 +382,13 @@ def smoke(
         )
         settings = settings.model_copy(update={"network": network, "relayer": relayer})
     result = run_smoke(settings, timeout_seconds=timeout, say=lambda m: typer.echo(m, err=True))
+    reach = {True: "", False: "  (not answering now: start `walkeep serve`)", None: ""}
     typer.echo(
         f"OK in {result.seconds:.0f}s: memory {result.memory_id}, blob {result.blob_id}\n"
         f"  blob object {result.blob_object_id}\n"
         f"  end_epoch {result.end_epoch_before} → {result.end_epoch_after}\n"
         f"  renewal {result.digest}\n"
-        f"  {result.explorer_url}"
+        f"  {result.explorer_url}{reach[result.explorer_reachable]}"
     )
 
 
