@@ -48,7 +48,12 @@ def _sqlite_on_begin(conn: Any) -> None:
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
-    """Create an engine for ``url`` with Walkeep's per-dialect settings."""
+    """Create an engine for ``url`` with Walkeep's per-dialect settings.
+
+    ``hide_parameters``: a database error's text (logged with INTERNAL failures) names the
+    statement but never its bound values — those are client content, ids and key hashes.
+    """
+    kwargs.setdefault("hide_parameters", True)
     u = make_url(url)
     if u.get_backend_name() == "sqlite":
         if u.database and u.database != ":memory:":

@@ -88,6 +88,7 @@ def validate_metadata(rt: Runtime, metadata: dict[str, str] | None) -> dict[str,
     for k, v in md.items():
         if not isinstance(k, str) or not isinstance(v, str):
             raise ValidationError("metadata must map strings to strings", {"field": "metadata"})
+        _storable_metadata(k, v)
         if not k or len(k) > s.max_metadata_key_chars:
             raise ValidationError(
                 f"metadata keys must be 1–{s.max_metadata_key_chars} characters",
@@ -99,6 +100,20 @@ def validate_metadata(rt: Runtime, metadata: dict[str, str] | None) -> dict[str,
                 {"field": "metadata", "key": k, "max_value_chars": s.max_metadata_value_chars},
             )
     return md
+
+
+def _storable_metadata(key: str, value: str) -> None:
+    """Keys are identifiers (no control characters); values are text (no NUL or unpaired
+    surrogates, which PostgreSQL refuses and SQLite would have stored)."""
+    for text, check in ((key, ids.check_identifier), (value, ids.check_text)):
+        try:
+            check(text, "metadata")
+        except ValidationError as exc:
+            what = "key" if text is key else f"value for key {key[:80]!r}"
+            raise ValidationError(
+                exc.message.replace("metadata", f"metadata {what}", 1),
+                {**exc.data, "key": key[:80]},
+            ) from None
 
 
 def store(
@@ -120,7 +135,7 @@ def store(
             f"memory is {size} bytes; the limit is {s.max_memory_bytes} bytes",
             {"limit": "max_memory_bytes", "limit_bytes": s.max_memory_bytes, "size_bytes": size},
         )
-    validate_namespace(namespace)
+    namespace = validate_namespace(namespace)
     md = validate_metadata(rt, metadata)
     fp = idempotency.fingerprint(content=content, namespace=namespace, metadata=md)
     cost_mc = pricing.store_cost_mc(size, s.store_price_mc_per_64kib)

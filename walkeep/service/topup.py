@@ -170,7 +170,7 @@ def _validate_request_id(request_id: object) -> str:
             f"request_id must be a string of 1–{REQUEST_ID_MAX_CHARS} characters",
             {"field": "request_id", "min_chars": 1, "max_chars": REQUEST_ID_MAX_CHARS},
         )
-    return request_id
+    return ids.check_identifier(request_id, "request_id")
 
 
 def _key_base(account_id: str, request_id: str) -> str:
