@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from datetime import datetime, timedelta
+from decimal import Decimal
 
 from sqlalchemy import delete, insert, update
 from sqlalchemy.exc import IntegrityError
@@ -49,6 +50,7 @@ from walkeep.service import idempotency
 from walkeep.service.accounts import validate_namespace
 from walkeep.service.runtime import Runtime
 from walkeep.service.schemas import StoreResult
+from walkeep.service.topup import MIN_CENTS as TOPUP_MIN_CENTS
 
 log = logging.getLogger(__name__)
 
@@ -470,6 +472,8 @@ def _hold(
         suggested = max(
             ledger.mc_to_usd_ceil(short_mc), ledger.mc_to_usd_ceil(500 * ledger.MC_PER_CREDIT)
         )
+        # Advise an amount top_up accepts: the shortfall is often a cent, below its minimum.
+        minimum = max(ledger.mc_to_usd_ceil(max(short_mc, 0)), Decimal(TOPUP_MIN_CENTS) / 100)
         raise InsufficientBalance(
             "not enough credits for this store; nothing was stored or charged",
             {
@@ -479,7 +483,7 @@ def _hold(
                     "tool": "top_up",
                     "arguments": {"amount_usd": float(suggested)},
                     "then": "replay store with the same request_id",
-                    "minimum_usd": float(ledger.mc_to_usd_ceil(max(short_mc, 0))),
+                    "minimum_usd": float(minimum),
                 },
             },
         ) from exc
