@@ -85,3 +85,26 @@ def test_unreachable_database_is_one_line(env: dict[str, str]) -> None:
     out = run(["balance", "--account", "x"], env)
     assert out.returncode != 0
     assert "database unreachable" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_embedded_data_dir_and_database_are_private(tmp_path: Path) -> None:
+    """Regression (issue 13): walkeep.db was created 0644 in a 0755 directory."""
+    import stat
+
+    data = tmp_path / "fresh" / "walkeep"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WALKEEP_")}
+    env["WALKEEP_DATA_DIR"] = str(data)
+    out = subprocess.run(
+        [sys.executable, "-m", "walkeep.cli", "account", "create", "private", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=lambda: os.umask(0o022),  # the usual umask, which gave 0644/0755
+    )
+    assert out.returncode == 0, out.stderr
+    assert stat.S_IMODE(data.stat().st_mode) == 0o700
+    files = [p for p in data.iterdir() if p.name.startswith("walkeep.db")]
+    assert data / "walkeep.db" in files
+    for p in files:
+        assert stat.S_IMODE(p.stat().st_mode) == 0o600, p
