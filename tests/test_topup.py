@@ -7,8 +7,10 @@ free port. Time is a ManualClock shared by the app and the fake.
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -420,6 +422,40 @@ def test_bad_signatures_are_rejected_and_change_nothing(web: Env) -> None:
     # The same event, correctly signed, is then processed normally.
     assert web.fake.deliver(completed).json()["credited"] is True
     assert web.balance_mc() == 500_000
+
+
+def test_signed_but_malformed_events_are_400_and_change_nothing(
+    web: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression (issue 13): a correctly signed `[]` or an event without `type` answered
+    500, which Stripe retries for days; a signature from the future was accepted."""
+    top_up(web.rt, web.account_id, "5.00", "req-1")
+    (completed,) = web.fake.complete(web.session_id("req-1"), deliver=False)
+    no_type = {k: v for k, v in completed.items() if k != "type"}
+    no_id = {k: v for k, v in completed.items() if k != "id"}
+    bad_session = {**completed, "data": {"object": {"object": "checkout.session", "id": 7}}}
+    for body in (
+        b"[]",
+        b"null",
+        b'"evt"',
+        b"{}",
+        *(
+            json.dumps(e).encode()
+            for e in (no_type, no_id, {**completed, "type": ["x"]}, bad_session)
+        ),
+    ):
+        with caplog.at_level("WARNING"):
+            r = FakeStripe.post(web.fake.webhook_url, body, FakeStripe.sign(body, WHSEC))
+        assert r.status == 400, (body[:60], r.status, r.body)
+    assert "rejected webhook" in caplog.text and "signed" in caplog.text
+    future = int(time.time()) + 3600
+    assert web.fake.deliver(completed, timestamp=future).status == 400
+    assert web.balance_mc() == 0
+    with web.db.read() as s:
+        assert s.scalar(select(func.count()).select_from(StripeEvent)) == 0
+    # A little clock skew is fine; the event is then processed normally.
+    ok = web.fake.deliver(completed, timestamp=int(time.time()) + 60)
+    assert ok.status == 200 and ok.json()["credited"] is True
 
 
 def test_delayed_payment_credits_only_when_it_succeeds(web: Env) -> None:

@@ -514,7 +514,9 @@ def _apply_in_txn(
 def handle_stripe_webhook(rt: Runtime, body: bytes, signature: str | None) -> WebhookOutcome:
     """Process one webhook delivery; safe under duplicates, reordering and races.
 
-    Raises ``InvalidSignature`` (answer 400; nothing changed) and
+    Raises ``InvalidSignature`` — also for a verified body that is not a usable event
+    (``MalformedEvent``), since retrying it can never succeed — (answer 400; nothing
+    changed) and
     ``PaymentsUnavailable`` when the session can't be re-retrieved (answer
     5xx so the provider retries; nothing recorded). Anything else is a 200.
     """
