@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from walkeep.bootstrap import build_runtime, check_config
@@ -160,6 +161,14 @@ def test_client_configs_are_ready_to_paste() -> None:
     assert parsed[1]["mcpServers"]["walkeep"]["command"] == "walkeep"
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def test_worker_process_runs_jobs_and_stops_gracefully_on_sigterm(
     settings: Settings, tmp_path: Path
 ) -> None:
@@ -171,8 +180,9 @@ def test_worker_process_runs_jobs_and_stops_gracefully_on_sigterm(
         "WALKEEP_MASTER_KEY": settings.master_key or "",
         "WALKEEP_EMBEDDER": "hash",
     }
+    metrics_port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "worker"],
+        [sys.executable, "-m", "worker", "--metrics-port", str(metrics_port)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -200,6 +210,11 @@ def test_worker_process_runs_jobs_and_stops_gracefully_on_sigterm(
         "sweep",
         "reconcile_payments",
     }, lines
+    # Regression (issue 13): the worker's metrics were never served.
+    scraped = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10)
+    assert scraped.status_code == 200
+    assert 'walkeep_job_runs_total{job="renew",outcome="ok"}' in scraped.text
+    assert "process_cpu_seconds_total" in scraped.text and "python_info" in scraped.text
     if settings.db_url.startswith("sqlite"):  # a second worker on SQLite refuses to start
         second = subprocess.run(
             [sys.executable, "-m", "worker"], env=env, capture_output=True, text=True, timeout=60
@@ -286,3 +301,14 @@ def test_doctor_and_smoke_never_rewrite_the_running_networks_epoch_length(
         assert server.current_epoch() == before + 1
     finally:
         server.close()
+
+
+def test_metrics_include_process_and_platform_collectors() -> None:
+    """Regression (issue 13): the registry had only Walkeep's own metrics."""
+    from prometheus_client import generate_latest
+
+    from walkeep import metrics
+
+    text = generate_latest(metrics.REGISTRY).decode()
+    assert "process_resident_memory_bytes" in text
+    assert "python_info{" in text and "python_gc_objects_collected_total" in text

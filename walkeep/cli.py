@@ -42,10 +42,7 @@ class CliError(Exception):
 
 
 def _settings() -> Settings:
-    try:
-        return load_settings()
-    except Exception as exc:  # pydantic ValidationError: summarise, don't dump
-        raise CliError(f"invalid configuration: {_first_line(exc)}") from exc
+    return load_settings()  # ConfigurationError names each bad WALKEEP_… variable
 
 
 def open_db(settings: Settings | None = None, *, migrate: bool = True) -> Database:
@@ -247,6 +244,7 @@ def serve(
     """Serve MCP (/mcp) and REST (/v1); run the worker in-process unless --no-worker."""
     import uvicorn
 
+    _check_port(port, "--port")
     from walkeep import logs
     from walkeep.api.app import create_app
     from walkeep.bootstrap import build_runtime
@@ -305,16 +303,34 @@ def mcp_stdio(
 
 
 @app.command()
-def worker() -> None:
+def worker(
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            envvar="WALKEEP_WORKER_METRICS_PORT",
+            help="Serve Prometheus /metrics on this port (default: off).",
+        ),
+    ] = None,
+    metrics_host: Annotated[
+        str, typer.Option("--metrics-host", help="Interface for --metrics-port.")
+    ] = "127.0.0.1",
+) -> None:
     """Run the background jobs (renewal, completion, sweep, reconciliation)."""
     from walkeep import logs
     from walkeep.bootstrap import build_runtime
     from worker.run import run_forever
 
+    if metrics_port is not None:
+        _check_port(metrics_port, "--metrics-port")
     logs.setup("INFO")
     settings = _settings()
     open_db(settings).dispose()
-    run_forever(build_runtime(settings, with_completer=False, configure_network=True))
+    run_forever(
+        build_runtime(settings, with_completer=False, configure_network=True),
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
+    )
 
 
 @app.command()
@@ -327,6 +343,7 @@ def devnet(
     from walkeep.backends.localnet.engine import LocalNetwork
     from walkeep.clock import SystemClock
 
+    _check_port(port, "--port")
     settings = _settings()
     network = LocalNetwork(
         settings.localnet_dir,
@@ -390,6 +407,12 @@ def smoke(
         f"  renewal {result.digest}\n"
         f"  {result.explorer_url}{reach[result.explorer_reachable]}"
     )
+
+
+def _check_port(port: int, flag: str) -> None:
+    """Refuse what the OS would silently replace (``:99999`` listened elsewhere)."""
+    if not 1 <= port <= 65535:
+        raise CliError(f"{flag} must be a TCP port between 1 and 65535, got {port}")
 
 
 def _resolve_account(db: Database, ref: str) -> str:
