@@ -293,7 +293,10 @@ def test_doctor_and_smoke_never_rewrite_the_running_networks_epoch_length(
     server = LocalNetwork(settings.localnet_dir, clock, epoch_seconds=60, configure=True)
     try:
         other = settings.model_copy(update={"local_epoch_seconds": 3600})
-        assert doctor(other).ok
+        report = doctor(other)
+        assert report.ok
+        chain = next(c for c in report.checks if c.name == "chain")
+        assert "epoch length 60 s (set by the server" in chain.detail
         smoke(other, say=lambda _m: None, clock=clock, timeout_seconds=30)
         assert server.epoch_seconds == 60
         before = server.current_epoch()

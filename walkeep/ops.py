@@ -107,12 +107,25 @@ def doctor(settings: Settings) -> DoctorReport:
         report.checks.append(Check("runtime", False, str(exc).splitlines()[0], "see the message"))
         return report
 
-    report.add(
-        "chain",
-        lambda: (
+    def chain() -> str:
+        detail = (
             f"{rt.chain.network}: Walrus epoch {rt.chain.current_epoch()}, server wallet "
             f"{rt.chain.owner_address()}, storage price {rt.chain.storage_price_frost()} FROST/MiB/epoch"
-        ),
+        )
+        if rt.chain.network == "local":
+            # doctor reads the network as the running server set it; it never reconfigures it.
+            seconds = rt.chain.epoch_info().duration_seconds
+            detail += f", epoch length {seconds} s"
+            if seconds != settings.local_epoch_seconds:
+                detail += (
+                    f" (set by the server; WALKEEP_LOCAL_EPOCH_SECONDS={settings.local_epoch_seconds}"
+                    " here takes effect only when `walkeep serve`/`worker` start with it)"
+                )
+        return detail
+
+    report.add(
+        "chain",
+        chain,
         "check WALKEEP_SUI_GRPC_URL and that the node is reachable"
         if settings.network != "local"
         else "check WALKEEP_DATA_DIR is writable",
