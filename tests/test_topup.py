@@ -684,6 +684,10 @@ def test_local_checkout_page_and_pay_button(local: Env) -> None:
         assert "Already paid" in http.get(f"/checkout/{row.id}").text
 
         assert http.get("/checkout/tu_nope").status_code == 404
+        # Regression (issue 13): a NUL in the id was a 500 on PostgreSQL.
+        for path in ("/checkout/tu_%00", "/checkout/tu_%00/pay"):
+            bad = http.get(path) if not path.endswith("pay") else http.post(path)
+            assert bad.status_code == 422 and "checkout_id" in bad.text, (path, bad.text)
         assert http.get("/topup/done", params={"session_id": "x"}).status_code == 200
         assert http.get("/topup/cancel").status_code == 200
         # No Stripe configured: the webhook endpoint refuses everything.

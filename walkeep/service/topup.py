@@ -625,6 +625,7 @@ def pay_local(rt: Runtime, checkout_id: str) -> bool:
     more. Returns whether this call credited. Refused unless the server runs
     the local provider (with Stripe configured, only Stripe can say "paid").
     """
+    ids.check_identifier(checkout_id, "checkout_id")
     payments = rt.payments
     if payments.provider != "local" or not isinstance(payments, LocalPayments):
         raise ValidationError(
@@ -723,6 +724,7 @@ def reconcile_payments(
 
 def checkout_status(rt: Runtime, checkout_id: str) -> CheckoutStatus:
     """A checkout's current state for the checkout and result pages."""
+    ids.check_identifier(checkout_id, "checkout_id")  # from a URL: NUL would 500 on PostgreSQL
     with rt.db.read() as s:
         found = s.execute(
             select(CheckoutSession, Account.name)
