@@ -10,6 +10,7 @@ renew it, print the renewal's explorer URL — against the configured network
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -18,6 +19,8 @@ from typing import Any
 
 from walkeep import ids
 from walkeep.config import Settings
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -184,14 +187,21 @@ def record_server(settings: Settings) -> None:
     """``walkeep serve`` notes its public URL in the data dir (mode 0600).
 
     Why: the local network's explorer is served by the running server, and a
-    ``walkeep smoke`` started in another shell does not know its ``--port``.
+    ``walkeep smoke`` started in another shell does not know its ``--port``. Only on the
+    local network (elsewhere explorers are public sites), and best effort: a read-only
+    data dir must not stop the server.
     """
+    if settings.network != "local":
+        return
     path = settings.data_dir / SERVER_FILE
-    settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     data = json.dumps({"public_url": settings.public_url.rstrip("/"), "pid": os.getpid()})
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(data + "\n")
+    try:
+        settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(data + "\n")
+    except OSError as exc:
+        log.warning("could not record the server address in %s: %s", path, exc)
 
 
 def server_public_url(settings: Settings) -> str:
