@@ -107,14 +107,16 @@ def validate_metadata(rt: Runtime, metadata: dict[str, str] | None) -> dict[str,
 def _storable_metadata(key: str, value: str) -> None:
     """Keys are identifiers (no control characters); values are text (no NUL or unpaired
     surrogates, which PostgreSQL refuses and SQLite would have stored)."""
-    for text, check in ((key, ids.check_identifier), (value, ids.check_text)):
+    checks = (
+        (key, ids.check_identifier, "metadata key"),
+        (value, ids.check_text, f"metadata value for key {key[:80]!r}"),
+    )
+    for text, check, what in checks:
         try:
             check(text, "metadata")
         except ValidationError as exc:
-            what = "key" if text is key else f"value for key {key[:80]!r}"
             raise ValidationError(
-                exc.message.replace("metadata", f"metadata {what}", 1),
-                {**exc.data, "key": key[:80]},
+                exc.message.replace("metadata", what, 1), {**exc.data, "key": key[:80]}
             ) from None
 
 
