@@ -69,6 +69,10 @@ def test_grant_key_create_and_revoke(env: dict[str, str]) -> None:
             "unknown account",
         ),
         (["key", "revoke", "wk_live_nothere"], "no API key"),
+        # Regression (issue 13): `serve --port 99999` printed :99999 and listened elsewhere.
+        (["serve", "--port", "99999"], "--port must be a TCP port between 1 and 65535"),
+        (["devnet", "--port", "0"], "--port must be a TCP port between 1 and 65535"),
+        (["worker", "--metrics-port", "65536"], "--metrics-port must be a TCP port"),
     ],
 )
 def test_bad_input_is_one_line_not_a_traceback(
@@ -85,3 +89,52 @@ def test_unreachable_database_is_one_line(env: dict[str, str]) -> None:
     out = run(["balance", "--account", "x"], env)
     assert out.returncode != 0
     assert "database unreachable" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_embedded_data_dir_and_database_are_private(tmp_path: Path) -> None:
+    """Regression (issue 13): walkeep.db was created 0644 in a 0755 directory."""
+    import stat
+
+    data = tmp_path / "fresh" / "walkeep"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WALKEEP_")}
+    env["WALKEEP_DATA_DIR"] = str(data)
+    out = subprocess.run(
+        [sys.executable, "-m", "walkeep.cli", "account", "create", "private", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=lambda: os.umask(0o022),  # the usual umask, which gave 0644/0755
+    )
+    assert out.returncode == 0, out.stderr
+    assert stat.S_IMODE(data.stat().st_mode) == 0o700
+    files = [p for p in data.iterdir() if p.name.startswith("walkeep.db")]
+    assert data / "walkeep.db" in files
+    for p in files:
+        assert stat.S_IMODE(p.stat().st_mode) == 0o600, p
+
+
+def test_configuration_errors_name_the_variable_the_value_and_what_is_allowed(
+    env: dict[str, str],
+) -> None:
+    """Regression (issue 13): they said `1 validation error for Settings`."""
+    env["WALKEEP_NETWORK"] = "moon"
+    env["WALKEEP_LOCAL_EPOCH_SECONDS"] = "soon"
+    out = run(["balance", "--account", "x"], env)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "WALKEEP_NETWORK='moon'" in out.stderr
+    assert "'local', 'testnet' or 'mainnet'" in out.stderr
+    assert "WALKEEP_LOCAL_EPOCH_SECONDS='soon'" in out.stderr and "integer" in out.stderr
+    assert "validation error for Settings" not in out.stderr
+
+
+def test_configuration_errors_never_echo_secrets() -> None:
+    from walkeep.config import load_settings
+    from walkeep.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError) as err:
+        load_settings(database_url=["postgresql+psycopg://u:hunter2@db/x"], renew_batch=0)
+    text = str(err.value)
+    assert "WALKEEP_DATABASE_URL=(hidden)" in text and "hunter2" not in text
+    assert "WALKEEP_RENEW_BATCH=0 is invalid: must be greater than or equal to 1" in text

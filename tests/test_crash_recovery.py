@@ -4,6 +4,7 @@ or is released — never billed without a memory, never a memory without a bill.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -172,6 +173,9 @@ def test_server_killed_between_accept_and_completion_then_restarted(
             assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
             assert time.monotonic() < deadline, "server did not start"
             time.sleep(0.1)
+        # serve records where it answers, so `walkeep smoke` links its explorer (issue 13).
+        recorded = json.loads((settings.data_dir / "server.json").read_text())
+        assert recorded["public_url"] == url
         auth = {"Authorization": f"Bearer {created.api_key}"}
         for i in range(10):
             r = httpx.post(

@@ -486,18 +486,74 @@ def test_changing_epoch_length_never_moves_epochs_backwards(
     tmp_path: Path, clock: ManualClock
 ) -> None:
     state = tmp_path / "ln"
-    LocalNetwork(state, clock, epoch_seconds=100).close()
+    LocalNetwork(state, clock, epoch_seconds=100, configure=True).close()
     clock.advance(1050)  # epoch 10, 50 s in
-    slower = LocalNetwork(state, clock, epoch_seconds=1000)
+    slower = LocalNetwork(state, clock, epoch_seconds=1000, configure=True)
     try:
         assert slower.current_epoch() == 10
         assert slower.epoch_seconds == 1000
-        clock.advance(949)
+        clock.advance(999)
         assert slower.current_epoch() == 10
-        clock.advance(1)  # 1000 s after epoch 10 started
+        clock.advance(1)  # epoch 10 continues from the change, for the new length
         assert slower.current_epoch() == 11
     finally:
         slower.close()
+
+
+def test_a_shorter_epoch_length_does_not_jump_epochs(tmp_path: Path, clock: ManualClock) -> None:
+    """Regression (issue 13): 3600 s → 1 s half way through an epoch jumped ~1800 epochs,
+    expiring every blob at once; a later change back jumped again."""
+    state = tmp_path / "ln"
+    first = LocalNetwork(state, clock, epoch_seconds=3600, configure=True)
+    oid = store(first, b"kept", epochs=5)
+    first.close()
+    clock.advance(1800)
+    fast = LocalNetwork(state, clock, epoch_seconds=1, configure=True)
+    try:
+        assert fast.current_epoch() == 0
+        assert fast.epoch_info().started_at == clock.now()
+        obj = fast.get_object(oid)
+        assert obj is not None and fast.read_blob(obj.blob_id) == b"kept"
+        clock.advance(3)
+        assert fast.current_epoch() == 3
+    finally:
+        fast.close()
+    clock.advance(0.5)
+    back = LocalNetwork(state, clock, epoch_seconds=3600, configure=True)
+    try:
+        assert back.current_epoch() == 3
+        clock.advance(3599)
+        assert back.current_epoch() == 3
+        clock.advance(1)
+        assert back.current_epoch() == 4
+    finally:
+        back.close()
+
+
+def test_only_a_configuring_opener_changes_the_network(tmp_path: Path, clock: ManualClock) -> None:
+    """Regression (issue 13): `walkeep doctor`/`smoke` in another shell, without the
+    server's WALKEEP_LOCAL_EPOCH_SECONDS, rewrote the running server's epoch length."""
+    state = tmp_path / "ln"
+    server = LocalNetwork(state, clock, epoch_seconds=60, storage_price_frost=5, configure=True)
+    try:
+        clock.advance(90)
+        other = LocalNetwork(state, clock, epoch_seconds=3600, storage_price_frost=11_000)
+        try:
+            assert other.epoch_seconds == 60 and other.storage_price_frost() == 5
+            assert other.current_epoch() == 1
+        finally:
+            other.close()
+        assert server.epoch_seconds == 60 and server.storage_price_frost() == 5
+        clock.advance(60)
+        assert server.current_epoch() == 2  # still ticking
+    finally:
+        server.close()
+    # A network that does not exist yet is created by whoever opens it first.
+    fresh = LocalNetwork(tmp_path / "new", clock, epoch_seconds=7, storage_price_frost=3)
+    try:
+        assert fresh.epoch_seconds == 7 and fresh.storage_price_frost() == 3
+    finally:
+        fresh.close()
 
 
 def test_two_instances_on_one_directory(tmp_path: Path, clock: ManualClock) -> None:

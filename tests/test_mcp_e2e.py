@@ -444,3 +444,33 @@ def test_top_up_through_mcp_with_stripe_is_credited_once_by_webhook(settings, cl
                     assert (await call_ok(c, "check_balance"))["balance_credits"] == 500
 
             anyio.run(go)
+
+
+def test_stdio_notices_a_revoked_key_within_the_cache_ttl(rt: Runtime) -> None:
+    """Regression (issue 13): a running `walkeep mcp` checked its key only at start, so a
+    revoked key kept working until the host restarted it. Same server as `walkeep mcp`,
+    in-process through the official client, with the key cache's clock moved by hand."""
+    from walkeep.api.auth import CACHE_TTL_SECONDS, KeyCache
+    from walkeep.errors import ConfigurationError
+    from walkeep.mcp.stdio import build_stdio_mcp
+
+    created = accounts.create_account(rt.db, "stdio-revoke", credits_mc=5000)
+    now = [1000.0]
+    server = build_stdio_mcp(
+        rt, created.api_key, "work", keys=KeyCache(rt, monotonic=lambda: now[0])
+    )
+
+    async def go() -> None:
+        async with Client(server) as c:
+            assert (await call_ok(c, "check_balance"))["balance_credits"] == 5
+            stored = await call_ok(c, "store", {"content": "before", "request_id": "s1"})
+            assert stored["namespace"] == "work"
+            accounts.revoke_key(rt.db, created.key_prefix)
+            now[0] += CACHE_TTL_SECONDS + 0.001
+            denied = await call_err(c, "check_balance", {}, "UNAUTHORIZED")
+            assert "revoked" in denied["message"]
+            await call_err(c, "store", {"content": "after", "request_id": "s2"}, "UNAUTHORIZED")
+
+    anyio.run(go)
+    with pytest.raises(ConfigurationError, match="refused"):
+        build_stdio_mcp(rt, created.api_key, None)

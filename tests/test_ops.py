@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from walkeep.bootstrap import build_runtime, check_config
@@ -77,11 +78,54 @@ def test_doctor_names_what_is_missing(tmp_path: Path) -> None:
 
 
 def test_smoke_runs_the_whole_promise_on_the_local_network(settings: Settings, clock) -> None:  # type: ignore[no-untyped-def]
+    from walkeep.db import Database
+    from walkeep.service import accounts, runway
+
     lines: list[str] = []
     result = smoke(settings, say=lines.append, clock=clock, timeout_seconds=30)
     assert result.end_epoch_after > result.end_epoch_before
     assert result.explorer_url.endswith(f"/explorer/tx/{result.digest}")
     assert any("landed" in line for line in lines)
+    # Regression (issue 13): it left a funded `smoke` account renewing its memory for ever.
+    db = Database(settings.db_url, clock=clock)
+    try:
+        acct = accounts.get_account(db, result.account_id)
+        assert (acct.name, acct.balance_mc, acct.held_mc) == ("smoke", 0, 0)
+        assert any("taken back" in line and result.account_id in line for line in lines)
+        assert any(f"memory {result.memory_id} forgotten" in line for line in lines)
+        rt = build_runtime(settings, clock=clock, database=db, with_completer=False)
+        view = runway.check_runway(rt, result.account_id, result.memory_id).memories[0]
+        assert view.status == "no-renew"
+        again = smoke(settings, say=lines.append, clock=clock, timeout_seconds=30)
+        assert again.account_id == result.account_id
+        assert accounts.get_account(db, result.account_id).balance_mc == 0
+    finally:
+        db.dispose()
+
+
+def test_smoke_links_the_running_servers_explorer(settings: Settings, clock, db) -> None:  # type: ignore[no-untyped-def]
+    """Regression (issue 13): smoke printed http://127.0.0.1:8080/… whatever port
+    `walkeep serve` listened on."""
+    from tests.test_mcp_e2e import Server
+    from walkeep.ops import record_server
+
+    unset = Settings(
+        data_dir=settings.data_dir,
+        database_url=settings.database_url,
+        local_write_latency_ms=0,
+        master_key=settings.master_key,
+    )
+    assert "public_url" not in unset.model_fields_set
+    with Server(settings, clock, db) as srv:
+        record_server(settings)  # what `walkeep serve` does at start
+        lines: list[str] = []
+        result = smoke(unset, say=lines.append, clock=clock, timeout_seconds=30)
+        assert result.explorer_url == f"{srv.url}/explorer/tx/{result.digest}"
+        assert result.explorer_reachable is True
+    # Nothing answers there any more: smoke says so instead of printing a dead link silently.
+    again = smoke(unset, say=lines.append, clock=clock, timeout_seconds=30)
+    assert again.explorer_url.startswith(srv.url) and again.explorer_reachable is False
+    assert any("walkeep serve" in line for line in lines)
 
 
 def test_first_run_creates_a_default_account_and_a_private_credentials_file(
@@ -117,6 +161,14 @@ def test_client_configs_are_ready_to_paste() -> None:
     assert parsed[1]["mcpServers"]["walkeep"]["command"] == "walkeep"
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def test_worker_process_runs_jobs_and_stops_gracefully_on_sigterm(
     settings: Settings, tmp_path: Path
 ) -> None:
@@ -128,8 +180,9 @@ def test_worker_process_runs_jobs_and_stops_gracefully_on_sigterm(
         "WALKEEP_MASTER_KEY": settings.master_key or "",
         "WALKEEP_EMBEDDER": "hash",
     }
+    metrics_port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "worker"],
+        [sys.executable, "-m", "worker", "--metrics-port", str(metrics_port)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -157,6 +210,11 @@ def test_worker_process_runs_jobs_and_stops_gracefully_on_sigterm(
         "sweep",
         "reconcile_payments",
     }, lines
+    # Regression (issue 13): the worker's metrics were never served.
+    scraped = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10)
+    assert scraped.status_code == 200
+    assert 'walkeep_job_runs_total{job="renew",outcome="ok"}' in scraped.text
+    assert "process_cpu_seconds_total" in scraped.text and "python_info" in scraped.text
     if settings.db_url.startswith("sqlite"):  # a second worker on SQLite refuses to start
         second = subprocess.run(
             [sys.executable, "-m", "worker"], env=env, capture_output=True, text=True, timeout=60
@@ -191,3 +249,69 @@ def test_readme_mcp_snippets_match_what_walkeep_serves() -> None:
     assert stdio["mcpServers"]["walkeep"]["args"] == ["mcp"]
     assert stdio["mcpServers"]["walkeep"]["env"] == {"WALKEEP_API_KEY": key}
     assert Settings.model_fields["public_url"].default + "/mcp" == "http://127.0.0.1:8080/mcp"
+
+
+def test_restarting_with_another_epoch_length_keeps_every_memory_alive(
+    settings: Settings,
+    clock,  # type: ignore[no-untyped-def]
+    db,  # type: ignore[no-untyped-def]
+) -> None:
+    """Regression (issue 13): restarting `walkeep serve` with a shorter
+    WALKEEP_LOCAL_EPOCH_SECONDS jumped the epoch and expired every memory at once."""
+    from tests.helpers import account, land_all
+    from walkeep.service import runway, store
+
+    rt = build_runtime(settings, clock=clock, database=db, with_completer=False)
+    a = account(rt)
+    mid = store.store(rt, a, content="keep me through a restart", request_id="r1").memory_id
+    land_all(rt)
+    before = runway.check_runway(rt, a, mid).memories[0]
+    rt.extras["localnet"].close()
+
+    clock.advance(1800)  # half way through an hour-long epoch
+    fast = settings.model_copy(update={"local_epoch_seconds": 60})
+    rt2 = build_runtime(
+        fast, clock=clock, database=db, with_completer=False, configure_network=True
+    )
+    after = runway.check_runway(rt2, a, mid).memories[0]
+    assert after.status == "active"
+    assert (after.current_epoch, after.runway_epochs) == (before.current_epoch, 5)
+    assert rt2.chain.epoch_info().duration_seconds == 60
+    rt2.extras["localnet"].close()
+
+
+def test_doctor_and_smoke_never_rewrite_the_running_networks_epoch_length(
+    settings: Settings,
+    clock,  # type: ignore[no-untyped-def]
+) -> None:
+    """Regression (issue 13): `walkeep doctor` in another shell without the server's
+    WALKEEP_LOCAL_EPOCH_SECONDS froze the running server's epoch."""
+    from walkeep.backends.localnet.engine import LocalNetwork
+    from walkeep.db import migrate
+
+    migrate.upgrade(settings.db_url)
+    server = LocalNetwork(settings.localnet_dir, clock, epoch_seconds=60, configure=True)
+    try:
+        other = settings.model_copy(update={"local_epoch_seconds": 3600})
+        report = doctor(other)
+        assert report.ok
+        chain = next(c for c in report.checks if c.name == "chain")
+        assert "epoch length 60 s (set by the server" in chain.detail
+        smoke(other, say=lambda _m: None, clock=clock, timeout_seconds=30)
+        assert server.epoch_seconds == 60
+        before = server.current_epoch()
+        clock.advance(60)
+        assert server.current_epoch() == before + 1
+    finally:
+        server.close()
+
+
+def test_metrics_include_process_and_platform_collectors() -> None:
+    """Regression (issue 13): the registry had only Walkeep's own metrics."""
+    from prometheus_client import generate_latest
+
+    from walkeep import metrics
+
+    text = generate_latest(metrics.REGISTRY).decode()
+    assert "process_resident_memory_bytes" in text
+    assert "python_info{" in text and "python_gc_objects_collected_total" in text

@@ -19,7 +19,7 @@ from walkeep.errors import (
     RelayerUnavailable,
     ValidationError,
 )
-from walkeep.service import accounts, completion, runway, store
+from walkeep.service import accounts, completion, runway, store, topup
 from walkeep.service.runtime import Runtime
 
 
@@ -86,6 +86,9 @@ def test_insufficient_balance_writes_nothing_and_says_how_to_recover(rt: Runtime
     top_up = err.value.data["top_up"]
     assert top_up["tool"] == "top_up" and top_up["arguments"]["amount_usd"] >= 0.5
     assert "same request_id" in top_up["then"]
+    # Regression (issue 13): minimum_usd said 0.01 (the shortfall) while top_up refuses < 0.50.
+    assert top_up["minimum_usd"] == 0.5
+    assert topup.top_up(rt, a, top_up["minimum_usd"], "t-min").amount_usd == 0.5
     assert _count(rt, Memory) == 0 and _count(rt, Request) == 0
     assert _count(rt, LedgerEntry, LedgerEntry.account_id == a) == 0
     assert _count(rt, WriteJob) == 0

@@ -7,8 +7,10 @@ free port. Time is a ManualClock shared by the app and the fake.
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -422,6 +424,40 @@ def test_bad_signatures_are_rejected_and_change_nothing(web: Env) -> None:
     assert web.balance_mc() == 500_000
 
 
+def test_signed_but_malformed_events_are_400_and_change_nothing(
+    web: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression (issue 13): a correctly signed `[]` or an event without `type` answered
+    500, which Stripe retries for days; a signature from the future was accepted."""
+    top_up(web.rt, web.account_id, "5.00", "req-1")
+    (completed,) = web.fake.complete(web.session_id("req-1"), deliver=False)
+    no_type = {k: v for k, v in completed.items() if k != "type"}
+    no_id = {k: v for k, v in completed.items() if k != "id"}
+    bad_session = {**completed, "data": {"object": {"object": "checkout.session", "id": 7}}}
+    for body in (
+        b"[]",
+        b"null",
+        b'"evt"',
+        b"{}",
+        *(
+            json.dumps(e).encode()
+            for e in (no_type, no_id, {**completed, "type": ["x"]}, bad_session)
+        ),
+    ):
+        with caplog.at_level("WARNING"):
+            r = FakeStripe.post(web.fake.webhook_url, body, FakeStripe.sign(body, WHSEC))
+        assert r.status == 400, (body[:60], r.status, r.body)
+    assert "rejected webhook" in caplog.text and "signed" in caplog.text
+    future = int(time.time()) + 3600
+    assert web.fake.deliver(completed, timestamp=future).status == 400
+    assert web.balance_mc() == 0
+    with web.db.read() as s:
+        assert s.scalar(select(func.count()).select_from(StripeEvent)) == 0
+    # A little clock skew is fine; the event is then processed normally.
+    ok = web.fake.deliver(completed, timestamp=int(time.time()) + 60)
+    assert ok.status == 200 and ok.json()["credited"] is True
+
+
 def test_delayed_payment_credits_only_when_it_succeeds(web: Env) -> None:
     top_up(web.rt, web.account_id, "5.00", "req-1")
     sid = web.session_id("req-1")
@@ -648,6 +684,10 @@ def test_local_checkout_page_and_pay_button(local: Env) -> None:
         assert "Already paid" in http.get(f"/checkout/{row.id}").text
 
         assert http.get("/checkout/tu_nope").status_code == 404
+        # Regression (issue 13): a NUL in the id was a 500 on PostgreSQL.
+        for path in ("/checkout/tu_%00", "/checkout/tu_%00/pay"):
+            bad = http.get(path) if not path.endswith("pay") else http.post(path)
+            assert bad.status_code == 422 and "checkout_id" in bad.text, (path, bad.text)
         assert http.get("/topup/done", params={"session_id": "x"}).status_code == 200
         assert http.get("/topup/cancel").status_code == 200
         # No Stripe configured: the webhook endpoint refuses everything.

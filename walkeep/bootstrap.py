@@ -135,7 +135,16 @@ def build_runtime(
     clock: Clock | None = None,
     with_completer: bool = True,
     database: Database | None = None,
+    configure_network: bool = False,
 ) -> Runtime:
+    """Wire a runtime for ``settings``.
+
+    ``configure_network``: only the processes that run the local network
+    (``walkeep serve`` and ``walkeep worker``; ``walkeep devnet`` opens it
+    itself) apply ``WALKEEP_LOCAL_*`` to it. Everything else — ``doctor``,
+    ``smoke``, tests — opens the network as it is, so a command started in
+    another shell can never change a running server's epoch length.
+    """
     problems = check_config(settings)
     if problems:
         raise ConfigurationError(
@@ -160,6 +169,7 @@ def build_runtime(
             epoch_seconds=settings.local_epoch_seconds,
             storage_price_frost=settings.local_storage_price_frost,
             faults=faults,
+            configure=configure_network,
         )
         chain = LocalChain(network, public_url=settings.public_url.rstrip("/"))
         extras["localnet"] = network

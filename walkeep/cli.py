@@ -42,10 +42,7 @@ class CliError(Exception):
 
 
 def _settings() -> Settings:
-    try:
-        return load_settings()
-    except Exception as exc:  # pydantic ValidationError: summarise, don't dump
-        raise CliError(f"invalid configuration: {_first_line(exc)}") from exc
+    return load_settings()  # ConfigurationError names each bad WALKEEP_… variable
 
 
 def open_db(settings: Settings | None = None, *, migrate: bool = True) -> Database:
@@ -247,6 +244,7 @@ def serve(
     """Serve MCP (/mcp) and REST (/v1); run the worker in-process unless --no-worker."""
     import uvicorn
 
+    _check_port(port, "--port")
     from walkeep import logs
     from walkeep.api.app import create_app
     from walkeep.bootstrap import build_runtime
@@ -254,9 +252,12 @@ def serve(
     logs.setup("INFO")
     settings = _serve_settings(host, port)
     db = open_db(settings)
+    from walkeep.ops import record_server
+
+    record_server(settings)  # so `walkeep smoke` links to this server's explorer
     first_run(settings, db)
     db.dispose()
-    rt = build_runtime(settings)
+    rt = build_runtime(settings, configure_network=True)
     scheduler = None
     lock = None
     if not no_worker:
@@ -302,16 +303,34 @@ def mcp_stdio(
 
 
 @app.command()
-def worker() -> None:
+def worker(
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            envvar="WALKEEP_WORKER_METRICS_PORT",
+            help="Serve Prometheus /metrics on this port (default: off).",
+        ),
+    ] = None,
+    metrics_host: Annotated[
+        str, typer.Option("--metrics-host", help="Interface for --metrics-port.")
+    ] = "127.0.0.1",
+) -> None:
     """Run the background jobs (renewal, completion, sweep, reconciliation)."""
     from walkeep import logs
     from walkeep.bootstrap import build_runtime
     from worker.run import run_forever
 
+    if metrics_port is not None:
+        _check_port(metrics_port, "--metrics-port")
     logs.setup("INFO")
     settings = _settings()
     open_db(settings).dispose()
-    run_forever(build_runtime(settings, with_completer=False))
+    run_forever(
+        build_runtime(settings, with_completer=False, configure_network=True),
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
+    )
 
 
 @app.command()
@@ -324,12 +343,14 @@ def devnet(
     from walkeep.backends.localnet.engine import LocalNetwork
     from walkeep.clock import SystemClock
 
+    _check_port(port, "--port")
     settings = _settings()
     network = LocalNetwork(
         settings.localnet_dir,
         SystemClock(),
         epoch_seconds=settings.local_epoch_seconds,
         storage_price_frost=settings.local_storage_price_frost,
+        configure=True,
     )
     typer.echo(
         f"walkeep devnet: Walrus publisher+aggregator API on http://{host}:{port} "
@@ -378,13 +399,20 @@ def smoke(
         )
         settings = settings.model_copy(update={"network": network, "relayer": relayer})
     result = run_smoke(settings, timeout_seconds=timeout, say=lambda m: typer.echo(m, err=True))
+    reach = {True: "", False: "  (not answering now: start `walkeep serve`)", None: ""}
     typer.echo(
         f"OK in {result.seconds:.0f}s: memory {result.memory_id}, blob {result.blob_id}\n"
         f"  blob object {result.blob_object_id}\n"
         f"  end_epoch {result.end_epoch_before} → {result.end_epoch_after}\n"
         f"  renewal {result.digest}\n"
-        f"  {result.explorer_url}"
+        f"  {result.explorer_url}{reach[result.explorer_reachable]}"
     )
+
+
+def _check_port(port: int, flag: str) -> None:
+    """Refuse what the OS would silently replace (``:99999`` listened elsewhere)."""
+    if not 1 <= port <= 65535:
+        raise CliError(f"{flag} must be a TCP port between 1 and 65535, got {port}")
 
 
 def _resolve_account(db: Database, ref: str) -> str:

@@ -12,7 +12,10 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import AliasChoices, Field, field_validator
+from pydantic import ValidationError as PydanticValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from walkeep.errors import ConfigurationError
 
 Network = Literal["local", "testnet", "mainnet"]
 RelayerKind = Literal["local", "walrus", "memwal"]
@@ -153,6 +156,56 @@ class Settings(BaseSettings):
         return "stripe" if self.stripe_secret_key else "local"
 
 
+# Values never echoed back in an error message.
+_SECRET_FIELDS = frozenset(
+    {
+        "database_url",
+        "master_key",
+        "walrus_publisher_jwt",
+        "memwal_delegate_key",
+        "sui_private_key",
+        "api_key",
+        "stripe_secret_key",
+        "stripe_webhook_secret",
+    }
+)
+
+
+def env_name(field: str) -> str:
+    """The environment variable an operator sets for ``field`` (Stripe's own names win)."""
+    info = Settings.model_fields.get(field)
+    alias = info.validation_alias if info is not None else None
+    if isinstance(alias, AliasChoices) and alias.choices:
+        return str(alias.choices[0])
+    return "WALKEEP_" + field.upper()
+
+
+def describe_errors(exc: PydanticValidationError) -> str:
+    """One line per bad variable: its name, the value given, and what is allowed.
+
+    Why: pydantic's own text starts "1 validation error for Settings" and names the Python
+    field, not what the operator typed.
+    """
+    parts = []
+    for err in exc.errors(include_url=False):
+        field = str(err["loc"][0]) if err["loc"] else ""
+        name = env_name(field) if field else "configuration"
+        value = "(hidden)" if field in _SECRET_FIELDS else repr(err.get("input"))
+        allowed = err["msg"].removeprefix("Input should be ").removeprefix("Value error, ")
+        parts.append(
+            f"{name}={value} is invalid: must be {allowed}"
+            if allowed != err["msg"]
+            else f"{name}={value} is invalid: {allowed}"
+        )
+    return "; ".join(parts)
+
+
 def load_settings(**overrides: object) -> Settings:
-    """Settings from the environment, with explicit overrides winning."""
-    return Settings(**overrides)  # type: ignore[arg-type]
+    """Settings from the environment, with explicit overrides winning.
+
+    Raises ConfigurationError naming each bad variable (see :func:`describe_errors`).
+    """
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except PydanticValidationError as exc:
+        raise ConfigurationError(f"invalid configuration: {describe_errors(exc)}") from None

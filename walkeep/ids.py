@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import unicodedata
+
+from walkeep.errors import ValidationError
 
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford base32, lower case
 
@@ -60,3 +63,45 @@ def api_key_display_prefix(key: str) -> str:
         if key.startswith(p):
             return key[: len(p) + API_KEY_DISPLAY_CHARS]
     raise ValueError("not a Walkeep API key")
+
+
+# --- text clients choose (request ids, namespaces, ids they pass back, metadata) ----------
+#
+# PostgreSQL refuses NUL in text (SQLite stores it), and neither database can encode a lone
+# surrogate as UTF-8; both surfaced as INTERNAL. Checking here, before any query, makes both
+# databases answer the same VALIDATION_ERROR naming the field. Identifiers also refuse the
+# other control characters: nothing legitimate needs them, and they hide in logs and UIs.
+
+
+def _bad_char(value: str, *, controls: bool) -> str | None:
+    """A description of the first character the databases (or ids) can't take, or None."""
+    for i, ch in enumerate(value):
+        code = ord(ch)
+        if code == 0:
+            return f"a NUL character (U+0000) at position {i}"
+        if 0xD800 <= code <= 0xDFFF:
+            return f"an unpaired surrogate (U+{code:04X}) at position {i}"
+        if controls and unicodedata.category(ch) == "Cc":
+            return f"a control character (U+{code:04X}) at position {i}"
+    return None
+
+
+def check_identifier(value: str, field: str) -> str:
+    """Refuse NUL, other control characters and unpaired surrogates in an identifier."""
+    bad = _bad_char(value, controls=True)
+    if bad:
+        raise ValidationError(
+            f"{field} must not contain {bad}",
+            {"field": field, "reason": "control_character"},
+        )
+    return value
+
+
+def check_text(value: str, field: str) -> str:
+    """Refuse what no database can store in text: NUL and unpaired surrogates."""
+    bad = _bad_char(value, controls=False)
+    if bad:
+        raise ValidationError(
+            f"{field} must not contain {bad}", {"field": field, "reason": "unstorable_character"}
+        )
+    return value

@@ -5,9 +5,22 @@ Names are stable API for dashboards; add, don't rename.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+)
 
 REGISTRY = CollectorRegistry(auto_describe=True)
+# What prometheus-client's default registry exports (process_* CPU, memory, open fds;
+# python_info; python_gc_*): without them a dashboard can't tell a leaking or pegged
+# worker from an idle one.
+for _collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+    REGISTRY.register(_collector)
 
 TOOL_CALLS = Counter(
     "walkeep_tool_calls_total",
@@ -78,3 +91,13 @@ QUILTS_WRITTEN = Counter(
     ["unit"],
     registry=REGISTRY,
 )
+
+
+def serve(port: int, host: str = "127.0.0.1") -> int:
+    """Serve ``/metrics`` from this process on its own port (``walkeep worker
+    --metrics-port``): the worker has no web server, so its job and renewal metrics were
+    never scraped. Returns the bound port (``0`` picks a free one)."""
+    from prometheus_client import start_http_server
+
+    server, _thread = start_http_server(port, addr=host, registry=REGISTRY)
+    return int(server.server_address[1])

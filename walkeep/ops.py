@@ -9,12 +9,18 @@ renew it, print the renewal's explorer URL — against the configured network
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from walkeep import ids
 from walkeep.config import Settings
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -104,12 +110,25 @@ def doctor(settings: Settings) -> DoctorReport:
         report.checks.append(Check("runtime", False, str(exc).splitlines()[0], "see the message"))
         return report
 
-    report.add(
-        "chain",
-        lambda: (
+    def chain() -> str:
+        detail = (
             f"{rt.chain.network}: Walrus epoch {rt.chain.current_epoch()}, server wallet "
             f"{rt.chain.owner_address()}, storage price {rt.chain.storage_price_frost()} FROST/MiB/epoch"
-        ),
+        )
+        if rt.chain.network == "local":
+            # doctor reads the network as the running server set it; it never reconfigures it.
+            seconds = rt.chain.epoch_info().duration_seconds
+            detail += f", epoch length {seconds} s"
+            if seconds != settings.local_epoch_seconds:
+                detail += (
+                    f" (set by the server; WALKEEP_LOCAL_EPOCH_SECONDS={settings.local_epoch_seconds}"
+                    " here takes effect only when `walkeep serve`/`worker` start with it)"
+                )
+        return detail
+
+    report.add(
+        "chain",
+        chain,
         "check WALKEEP_SUI_GRPC_URL and that the node is reachable"
         if settings.network != "local"
         else "check WALKEEP_DATA_DIR is writable",
@@ -159,6 +178,45 @@ def doctor(settings: Settings) -> DoctorReport:
     return report
 
 
+SMOKE_ACCOUNT = "smoke"
+SMOKE_GRANT_MC = 100_000  # $1.00: a store plus a few renewals, taken back afterwards
+SERVER_FILE = "server.json"
+
+
+def record_server(settings: Settings) -> None:
+    """``walkeep serve`` notes its public URL in the data dir (mode 0600).
+
+    Why: the local network's explorer is served by the running server, and a
+    ``walkeep smoke`` started in another shell does not know its ``--port``. Only on the
+    local network (elsewhere explorers are public sites), and best effort: a read-only
+    data dir must not stop the server.
+    """
+    if settings.network != "local":
+        return
+    path = settings.data_dir / SERVER_FILE
+    data = json.dumps({"public_url": settings.public_url.rstrip("/"), "pid": os.getpid()})
+    try:
+        settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(data + "\n")
+    except OSError as exc:
+        log.warning("could not record the server address in %s: %s", path, exc)
+
+
+def server_public_url(settings: Settings) -> str:
+    """Where the operator's Walkeep server answers: WALKEEP_PUBLIC_URL if set, else the
+    address the last ``walkeep serve`` on this data dir recorded, else the default."""
+    if "public_url" not in settings.model_fields_set:
+        try:
+            recorded = json.loads((settings.data_dir / SERVER_FILE).read_text())["public_url"]
+            if isinstance(recorded, str) and recorded.startswith(("http://", "https://")):
+                return recorded.rstrip("/")
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    return settings.public_url.rstrip("/")
+
+
 @dataclass
 class SmokeResult:
     memory_id: str
@@ -169,6 +227,9 @@ class SmokeResult:
     end_epoch_before: int
     end_epoch_after: int
     seconds: float
+    account_id: str = ""
+    explorer_reachable: bool | None = None  # None: not checked (a public explorer)
+    cleanup: list[str] = field(default_factory=list)
 
 
 def smoke(
@@ -180,33 +241,87 @@ def smoke(
 ) -> SmokeResult:
     """Store → land → renew one epoch → explorer URL, through the real service code.
 
-    Uses a dedicated ``smoke`` account (granted one dollar of credits if low).
+    Runs as a dedicated ``smoke`` account granted $1.00 for the run. Afterwards
+    it cleans up and says so: the test memory is forgotten (never renewed
+    again, so it costs nothing more) and whatever is left of the grant is
+    taken back, so no funded test account stays in the operator's database.
     The memory is stored with one epoch of runway, so it is immediately due
     and the ordinary renewal pass extends it (target runway: two epochs).
+    On the local network the explorer URL is the running server's (see
+    :func:`server_public_url`) and is checked to answer.
     """
     from walkeep.bootstrap import build_runtime
     from walkeep.db import Database
     from walkeep.db import migrate as migrations
-    from walkeep.service import accounts, completion, renew, runway, store
+    from walkeep.service import accounts
 
+    public_url = server_public_url(settings)
     settings = settings.model_copy(
-        update={"initial_epochs": 1, "renew_threshold_epochs": 1, "target_runway_epochs": 2}
+        update={
+            "initial_epochs": 1,
+            "renew_threshold_epochs": 1,
+            "target_runway_epochs": 2,
+            "public_url": public_url,
+        }
     )
     migrations.upgrade(settings.db_url)
     db = Database(settings.db_url, clock=clock) if clock is not None else None
     rt = build_runtime(settings, clock=clock, database=db, with_completer=False)
+    account_id = accounts.find_account_by_name(rt.db, SMOKE_ACCOUNT)
+    if account_id is None:
+        account_id = accounts.create_account(rt.db, SMOKE_ACCOUNT).account_id
+        say(f"created account '{SMOKE_ACCOUNT}' ({account_id}) for smoke tests")
+    grant_ref = f"smoke:{ids.new_key_id()[4:]}"
+    accounts.grant(rt.db, account_id, SMOKE_GRANT_MC, reason="walkeep smoke", ref=grant_ref)
+    cleanup: list[str] = []
+    try:
+        result = _smoke_run(rt, account_id, timeout_seconds, say, on_stored=cleanup.append)
+    finally:
+        cleanup_notes = _smoke_cleanup(rt, account_id, grant_ref, cleanup[:1])
+        for note in cleanup_notes:
+            say(f"cleanup: {note}")
+    result.cleanup = cleanup_notes
+    result.account_id = account_id
+    if rt.chain.network == "local":
+        result.explorer_reachable = _answers(result.explorer_url)
+        if not result.explorer_reachable:
+            say(
+                f"note: nothing answers at {public_url} — the local explorer is served by "
+                "`walkeep serve`; start it (or set WALKEEP_PUBLIC_URL to its address) to open "
+                "the URL below"
+            )
+    return result
+
+
+def _answers(url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(url, params={"format": "json"}, timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _smoke_run(
+    rt: Any,
+    account_id: str,
+    timeout_seconds: float,
+    say: Callable[[str], None],
+    *,
+    on_stored: Callable[[str], None],
+) -> SmokeResult:
+    from sqlalchemy import select
+
+    from walkeep.db.models import Blob, Memory
+    from walkeep.service import completion, renew, runway, store
+
     started = time.monotonic()
-    account_id = (
-        accounts.find_account_by_name(rt.db, "smoke")
-        or accounts.create_account(rt.db, "smoke").account_id
-    )
-    if accounts.get_account(rt.db, account_id).available_mc < 50_000:
-        accounts.grant(rt.db, account_id, 100_000, reason="smoke test credits")
     say(f"network {rt.chain.network}, storage {rt.relayer.name}, wallet {rt.chain.owner_address()}")
     text = f"Walkeep smoke test memory written at {rt.clock.now().isoformat()}"
     receipt = store.store(
         rt, account_id, content=text, request_id=f"smoke-{int(time.time() * 1000)}"
     )
+    on_stored(receipt.memory_id)
     say(f"stored: {receipt.memory_id} ({receipt.status}); waiting for the write to land…")
     delay = 0.5
     while True:
@@ -228,10 +343,6 @@ def smoke(
         raise RuntimeError(
             f"no renewal happened (report: {report}); check the wallet's WAL and SUI balance"
         )
-    from sqlalchemy import select
-
-    from walkeep.db.models import Blob, Memory
-
     with rt.db.read() as s:
         blob_id, object_id = s.execute(
             select(Blob.blob_id, Blob.blob_object_id)
@@ -248,3 +359,30 @@ def smoke(
         end_epoch_after=after.end_epoch or 0,
         seconds=time.monotonic() - started,
     )
+
+
+def _smoke_cleanup(rt: Any, account_id: str, grant_ref: str, memory_ids: list[str]) -> list[str]:
+    """Forget the test memory and take back what is left of this run's grant."""
+    from walkeep import ledger
+    from walkeep.errors import WalkeepError
+    from walkeep.service import accounts, forget
+
+    notes: list[str] = []
+    for mid in memory_ids:
+        try:
+            forget.forget(rt, account_id, memory_id=mid, request_id=f"{grant_ref}:forget")
+            notes.append(f"memory {mid} forgotten (no further renewals; it lapses on its own)")
+        except WalkeepError as exc:
+            notes.append(f"could not forget memory {mid}: {exc.message}")
+    available = accounts.get_account(rt.db, account_id).available_mc
+    back = min(available, SMOKE_GRANT_MC)
+    if back > 0:
+        with rt.db.begin() as s:
+            ledger.debit(s, account_id, back, ref=f"{grant_ref}:return", memo="walkeep smoke")
+    left = accounts.get_account(rt.db, account_id)
+    notes.append(
+        f"account '{SMOKE_ACCOUNT}' ({account_id}): {ledger.credits_display(back)} unused test "
+        f"credits taken back; balance now {ledger.credits_display(left.balance_mc)} credits"
+        + (f" ({ledger.credits_display(left.held_mc)} held)" if left.held_mc else "")
+    )
+    return notes

@@ -15,8 +15,15 @@ from walkeep.service.runtime import Runtime
 from worker.jobs import acquire_worker_lock, build_scheduler, log
 
 
-def run_forever(rt: Runtime) -> None:
+def run_forever(
+    rt: Runtime, *, metrics_port: int | None = None, metrics_host: str = "127.0.0.1"
+) -> None:
     lock = acquire_worker_lock(rt)
+    if metrics_port is not None:
+        from walkeep import metrics
+
+        bound = metrics.serve(metrics_port, metrics_host)
+        log.info("metrics served", extra={"url": f"http://{metrics_host}:{bound}/metrics"})
     stop: threading.Event = rt.extras.setdefault("stop", threading.Event())
     sched = build_scheduler(rt, blocking=True)
 

@@ -11,6 +11,7 @@ import hashlib
 import json
 import threading
 import time
+from collections.abc import Callable
 
 import anyio
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -25,8 +26,9 @@ WWW_AUTHENTICATE = 'Bearer realm="walkeep", error="invalid_token"'
 
 
 class KeyCache:
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Runtime, *, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.rt = rt
+        self._monotonic = monotonic  # injectable, so tests move time instead of sleeping
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[float, Caller]] = {}
 
@@ -35,14 +37,14 @@ class KeyCache:
         digest = hashlib.sha256(api_key.encode()).hexdigest()
         with self._lock:
             hit = self._cache.get(digest)
-        return hit[1] if hit and hit[0] > time.monotonic() else None
+        return hit[1] if hit and hit[0] > self._monotonic() else None
 
     def resolve(self, api_key: str) -> Caller:
         hit = self.cached(api_key)
         if hit is not None:
             return hit
         digest = hashlib.sha256(api_key.encode()).hexdigest()
-        now = time.monotonic()
+        now = self._monotonic()
         principal = accounts.authenticate(self.rt.db, api_key)  # raises Unauthorized
         caller = Caller(principal.account_id, principal.default_namespace)
         with self._lock:

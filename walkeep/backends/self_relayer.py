@@ -48,7 +48,7 @@ from sqlalchemy import and_, case, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from walkeep import ids, pricing
+from walkeep import ids, metrics, pricing
 from walkeep.backends.base import (
     BlobObject,
     BlobStore,
@@ -677,6 +677,8 @@ class SelfRelayer:
                 [j.id for j in jobs],
                 "the publisher returned alreadyCertified without a quilt Blob object for us",
             )
+        metrics.QUILTS_WRITTEN.labels("quilts").inc()
+        metrics.QUILTS_WRITTEN.labels("patches").inc(len(patches))
         patch_of = {p.identifier: p.patch_id for p in stored.patches}
         payload = sum(len(data) for _, data in patches.values())
         blob = asdict(stored.blob)

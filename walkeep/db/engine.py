@@ -11,6 +11,7 @@ where they are needed (ledger, job claims).
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -47,12 +48,31 @@ def _sqlite_on_begin(conn: Any) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+def _create_private(path: Path) -> None:
+    """Create a new SQLite file's directory 0700 and the file itself 0600 before SQLite
+    opens it (SQLite gives its -wal/-shm files the database file's mode): it holds balances,
+    key hashes and wrapped data keys, so other local users must not read it, whatever the
+    umask. Existing files and directories are left as the operator set them."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    os.fchmod(fd, 0o600)  # whatever the umask
+    os.close(fd)
+
+
 def make_engine(url: str, **kwargs: Any) -> Engine:
-    """Create an engine for ``url`` with Walkeep's per-dialect settings."""
+    """Create an engine for ``url`` with Walkeep's per-dialect settings.
+
+    ``hide_parameters``: a database error's text (logged with INTERNAL failures) names the
+    statement but never its bound values — those are client content, ids and key hashes.
+    """
+    kwargs.setdefault("hide_parameters", True)
     u = make_url(url)
     if u.get_backend_name() == "sqlite":
         if u.database and u.database != ":memory:":
-            Path(u.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            _create_private(Path(u.database).expanduser())
         engine = create_engine(
             u,
             connect_args={

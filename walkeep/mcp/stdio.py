@@ -13,12 +13,15 @@ import json
 import logging
 from pathlib import Path
 
+import anyio
+
 from walkeep import logs
+from walkeep.api.auth import KeyCache
 from walkeep.bootstrap import build_runtime
 from walkeep.config import Settings
 from walkeep.errors import ConfigurationError, Unauthorized
-from walkeep.mcp.server import Caller, build_mcp
-from walkeep.service import accounts
+from walkeep.mcp.server import Caller, WalkeepMCP, build_mcp, current_caller, error_result
+from walkeep.service.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +47,48 @@ def resolve_api_key(settings: Settings, flag: str | None) -> str:
     )
 
 
+def build_stdio_mcp(
+    rt: Runtime, api_key: str, namespace: str | None, *, keys: KeyCache | None = None
+) -> WalkeepMCP:
+    """The MCP server for one key over stdio, re-checking that key like the HTTP path does.
+
+    A host keeps ``walkeep mcp`` running for days; checking the key only at start meant a
+    revoked key kept working until the host restarted it. Every tool call now resolves the
+    key through the same short-lived cache as HTTP, so a revocation (or a disabled account)
+    takes effect within ``CACHE_TTL_SECONDS`` and the call answers UNAUTHORIZED.
+    Raises ConfigurationError at start if the key is already refused.
+    """
+    keys = keys or KeyCache(rt)
+    try:
+        first = keys.resolve(api_key)
+    except Unauthorized as exc:
+        raise ConfigurationError(f"the API key was refused: {exc.message}") from exc
+    default_ns = namespace or rt.settings.namespace or first.default_namespace
+    mcp = build_mcp(lambda: rt, transport="stdio")
+    inner = mcp.call_tool
+
+    async def call_tool(name, arguments, context=None):  # type: ignore[no-untyped-def]
+        try:
+            who = await anyio.to_thread.run_sync(keys.resolve, api_key)
+        except Unauthorized as exc:
+            log.warning("stdio: refusing %s: %s", name, exc.message)
+            return error_result(
+                Unauthorized(
+                    "this API key was revoked (or its account disabled); "
+                    "configure a new key for this MCP server",
+                    {"tool": name},
+                )
+            )
+        token = current_caller.set(Caller(who.account_id, default_ns))
+        try:
+            return await inner(name, arguments, context)
+        finally:
+            current_caller.reset(token)
+
+    mcp.call_tool = call_tool  # type: ignore[method-assign]
+    return mcp
+
+
 def run_stdio(settings: Settings, *, api_key: str | None, namespace: str | None) -> None:
     logs.setup("WARNING")
     key = resolve_api_key(settings, api_key)
@@ -51,14 +96,7 @@ def run_stdio(settings: Settings, *, api_key: str | None, namespace: str | None)
     from walkeep.db import migrate
 
     migrate.upgrade(settings.db_url)
-    try:
-        principal = accounts.authenticate(rt.db, key)
-    except Unauthorized as exc:
-        raise ConfigurationError(f"the API key was refused: {exc.message}") from exc
-    default_ns = namespace or settings.namespace or principal.default_namespace
-    mcp = build_mcp(
-        lambda: rt, transport="stdio", fixed_caller=Caller(principal.account_id, default_ns)
-    )
+    mcp = build_stdio_mcp(rt, key, namespace)
     scheduler = _maybe_in_process_worker(rt)
     if rt.completer is not None:
         rt.completer.start()

@@ -56,6 +56,14 @@ class InvalidSignature(Exception):
     """A webhook whose signature does not verify (or is stale): change nothing."""
 
 
+class MalformedEvent(InvalidSignature):
+    """A correctly signed delivery that is not a usable event (``[]``, no ``type`` …).
+
+    Answered like a bad signature (400, nothing changes, logged) rather than 500: retrying
+    the same bytes can never succeed.
+    """
+
+
 @runtime_checkable
 class Payments(Protocol):
     provider: str  # "stripe" | "local"

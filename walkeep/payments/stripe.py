@@ -25,7 +25,9 @@ are read with ``in`` / ``[]`` only.
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 from typing import Any
 
 import stripe
@@ -42,6 +44,7 @@ from walkeep.errors import (
 from walkeep.payments.base import (
     CheckoutRequest,
     InvalidSignature,
+    MalformedEvent,
     PaymentEvent,
     ProviderSession,
 )
@@ -180,32 +183,71 @@ class StripePayments:
         """Verify the ``Stripe-Signature`` over the raw body, then parse the event.
 
         Anything that does not verify — no secret configured, no header, a
-        tampered body, a stale timestamp, a body that is not an event — is an
-        ``InvalidSignature``: the caller answers 400 and changes nothing.
+        tampered body, a timestamp more than the tolerance in the past *or the
+        future* (the SDK checks only the past) — is an ``InvalidSignature``; a
+        verified body that is not a usable event (``[]``, no ``id`` or
+        ``type``) is a ``MalformedEvent``. Either way the caller answers 400
+        and changes nothing.
         """
         if not self._webhook_secret:
             raise InvalidSignature("STRIPE_WEBHOOK_SECRET is not configured")
         if not signature:
             raise InvalidSignature("missing Stripe-Signature header")
         try:
-            event = self.client.construct_event(body, signature, self._webhook_secret)
+            stripe.WebhookSignature.verify_header(
+                body, signature, self._webhook_secret, tolerance=WEBHOOK_TOLERANCE_SECONDS
+            )
         except stripe.SignatureVerificationError as exc:
             raise InvalidSignature(str(exc.user_message or "signature mismatch")) from exc
-        except (ValueError, KeyError, TypeError) as exc:
+        except ValueError as exc:  # a body that is not UTF-8
             raise InvalidSignature(f"not a Stripe event: {type(exc).__name__}") from exc
-        obj = _field(_field(event, "data"), "object")
-        session_id = (
-            str(obj["id"])
-            if obj is not None and _field(obj, "object") == "checkout.session"
-            else None
-        )
-        return PaymentEvent(
-            event_id=str(event["id"]), type=str(event["type"]), session_id=session_id
-        )
+        signed_at = _signature_timestamp(signature)
+        if signed_at > time.time() + WEBHOOK_TOLERANCE_SECONDS:
+            raise InvalidSignature(
+                f"signature timestamp {signed_at} is more than "
+                f"{WEBHOOK_TOLERANCE_SECONDS} s in the future"
+            )
+        return _parse_event(body)
 
     def close(self) -> None:
         """Release pooled connections (the async client's pool lives in its event loop)."""
         self._http.close()
+
+
+# The SDK's default (and Stripe's recommendation): five minutes either way.
+WEBHOOK_TOLERANCE_SECONDS = 300
+
+
+def _signature_timestamp(header: str) -> int:
+    """``t=`` of a header that already verified (so it is present and an integer)."""
+    for item in header.split(","):
+        key, _, value = item.partition("=")
+        if key.strip() == "t":
+            return int(value)
+    raise InvalidSignature("no timestamp in Stripe-Signature")  # pragma: no cover
+
+
+def _parse_event(body: bytes) -> PaymentEvent:
+    """The fields Walkeep acts on, from a verified body; MalformedEvent if unusable."""
+    try:
+        data = json.loads(body)
+    except ValueError as exc:
+        raise MalformedEvent("signed body is not JSON") from exc
+    if not isinstance(data, dict):
+        raise MalformedEvent(f"signed body is a JSON {type(data).__name__}, not an event object")
+    event_id, event_type = data.get("id"), data.get("type")
+    for name, value, limit in (("id", event_id, 255), ("type", event_type, 100)):
+        if not isinstance(value, str) or not value or len(value) > limit or "\x00" in value:
+            raise MalformedEvent(f"signed event has no usable {name!r} ({value!r:.80})")
+    holder = data.get("data")
+    obj = holder.get("object") if isinstance(holder, dict) else None
+    session_id = None
+    if isinstance(obj, dict) and obj.get("object") == "checkout.session":
+        sid = obj.get("id")
+        if not isinstance(sid, str) or not sid or len(sid) > 255 or "\x00" in sid:
+            raise MalformedEvent(f"signed event {event_id} has no usable checkout session id")
+        session_id = sid
+    return PaymentEvent(event_id=str(event_id), type=str(event_type), session_id=session_id)
 
 
 def _translate(exc: stripe.StripeError, action: str, **context: str) -> WalkeepError:

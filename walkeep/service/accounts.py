@@ -6,6 +6,7 @@ short display prefix, so a leaked database does not leak working keys.
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -49,11 +50,23 @@ class Principal:
 
 
 def validate_namespace(namespace: str, field: str = "namespace") -> str:
+    """The namespace as stored and compared: NFC-normalised, so "é" typed precomposed or
+    decomposed is one namespace. Refuses blank ones and characters the databases can't
+    store (the same answer on SQLite and PostgreSQL). Callers must use the returned value.
+    """
+    if not isinstance(namespace, str):
+        raise ValidationError(f"{field} must be a string", {"field": field})
+    ids.check_identifier(namespace, field)
+    namespace = unicodedata.normalize("NFC", namespace)
     n = len(namespace.encode("utf-8"))
     if n < 1 or n > NAMESPACE_MAX_BYTES:
         raise ValidationError(
             f"{field} must be 1–{NAMESPACE_MAX_BYTES} UTF-8 bytes (got {n})",
             {"field": field, "min_bytes": 1, "max_bytes": NAMESPACE_MAX_BYTES, "bytes": n},
+        )
+    if not namespace.strip():
+        raise ValidationError(
+            f"{field} must not be blank (whitespace only)", {"field": field, "reason": "blank"}
         )
     return namespace
 
@@ -188,7 +201,7 @@ def _add_key(
     s, account_id: str, default_namespace: str | None, now: datetime
 ) -> tuple[str, str, str]:  # type: ignore[no-untyped-def]
     if default_namespace is not None:
-        validate_namespace(default_namespace, "default_namespace")
+        default_namespace = validate_namespace(default_namespace, "default_namespace")
     key = ids.new_api_key()
     prefix = ids.api_key_display_prefix(key)
     key_id = ids.new_key_id()

@@ -19,7 +19,7 @@ from walkeep.service.schemas import ExportMemory, ExportResult, OwnershipProof
 
 def export(rt: Runtime, account_id: str, *, namespace: str | None = None) -> ExportResult:
     if namespace is not None:
-        validate_namespace(namespace)
+        namespace = validate_namespace(namespace)
     q = (
         select(Memory, Blob)
         .join(Blob, Blob.id == Memory.blob_pk)

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from walkeep import ids
 from walkeep.db.models import Request
 from walkeep.errors import ValidationError
 
@@ -30,7 +31,7 @@ def validate_request_id(request_id: str) -> str:
             f"request_id must be at most {REQUEST_ID_MAX} characters",
             {"field": "request_id", "max_length": REQUEST_ID_MAX},
         )
-    return request_id
+    return ids.check_identifier(request_id, "request_id")
 
 
 def fingerprint(**args: Any) -> str:

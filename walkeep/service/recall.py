@@ -47,7 +47,7 @@ def recall(
             {"field": "limit", "minimum": LIMIT_MIN, "maximum": LIMIT_MAX},
         )
     if namespace is not None:
-        validate_namespace(namespace)
+        namespace = validate_namespace(namespace)
 
     # Over-fetch: some hits may be forgotten, lapsed or still storing.
     hits = rt.relayer.search(account_id, namespace, query, min(limit * 3 + 10, 200))

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from datetime import datetime, timedelta
+from decimal import Decimal
 
 from sqlalchemy import delete, insert, update
 from sqlalchemy.exc import IntegrityError
@@ -49,6 +50,7 @@ from walkeep.service import idempotency
 from walkeep.service.accounts import validate_namespace
 from walkeep.service.runtime import Runtime
 from walkeep.service.schemas import StoreResult
+from walkeep.service.topup import MIN_CENTS as TOPUP_MIN_CENTS
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +90,7 @@ def validate_metadata(rt: Runtime, metadata: dict[str, str] | None) -> dict[str,
     for k, v in md.items():
         if not isinstance(k, str) or not isinstance(v, str):
             raise ValidationError("metadata must map strings to strings", {"field": "metadata"})
+        _storable_metadata(k, v)
         if not k or len(k) > s.max_metadata_key_chars:
             raise ValidationError(
                 f"metadata keys must be 1–{s.max_metadata_key_chars} characters",
@@ -99,6 +102,22 @@ def validate_metadata(rt: Runtime, metadata: dict[str, str] | None) -> dict[str,
                 {"field": "metadata", "key": k, "max_value_chars": s.max_metadata_value_chars},
             )
     return md
+
+
+def _storable_metadata(key: str, value: str) -> None:
+    """Keys are identifiers (no control characters); values are text (no NUL or unpaired
+    surrogates, which PostgreSQL refuses and SQLite would have stored)."""
+    checks = (
+        (key, ids.check_identifier, "metadata key"),
+        (value, ids.check_text, f"metadata value for key {key[:80]!r}"),
+    )
+    for text, check, what in checks:
+        try:
+            check(text, "metadata")
+        except ValidationError as exc:
+            raise ValidationError(
+                exc.message.replace("metadata", what, 1), {**exc.data, "key": key[:80]}
+            ) from None
 
 
 def store(
@@ -120,7 +139,7 @@ def store(
             f"memory is {size} bytes; the limit is {s.max_memory_bytes} bytes",
             {"limit": "max_memory_bytes", "limit_bytes": s.max_memory_bytes, "size_bytes": size},
         )
-    validate_namespace(namespace)
+    namespace = validate_namespace(namespace)
     md = validate_metadata(rt, metadata)
     fp = idempotency.fingerprint(content=content, namespace=namespace, metadata=md)
     cost_mc = pricing.store_cost_mc(size, s.store_price_mc_per_64kib)
@@ -455,6 +474,8 @@ def _hold(
         suggested = max(
             ledger.mc_to_usd_ceil(short_mc), ledger.mc_to_usd_ceil(500 * ledger.MC_PER_CREDIT)
         )
+        # Advise an amount top_up accepts: the shortfall is often a cent, below its minimum.
+        minimum = max(ledger.mc_to_usd_ceil(max(short_mc, 0)), Decimal(TOPUP_MIN_CENTS) / 100)
         raise InsufficientBalance(
             "not enough credits for this store; nothing was stored or charged",
             {
@@ -464,7 +485,7 @@ def _hold(
                     "tool": "top_up",
                     "arguments": {"amount_usd": float(suggested)},
                     "then": "replay store with the same request_id",
-                    "minimum_usd": float(ledger.mc_to_usd_ceil(max(short_mc, 0))),
+                    "minimum_usd": float(minimum),
                 },
             },
         ) from exc

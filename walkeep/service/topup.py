@@ -170,7 +170,7 @@ def _validate_request_id(request_id: object) -> str:
             f"request_id must be a string of 1–{REQUEST_ID_MAX_CHARS} characters",
             {"field": "request_id", "min_chars": 1, "max_chars": REQUEST_ID_MAX_CHARS},
         )
-    return request_id
+    return ids.check_identifier(request_id, "request_id")
 
 
 def _key_base(account_id: str, request_id: str) -> str:
@@ -514,7 +514,9 @@ def _apply_in_txn(
 def handle_stripe_webhook(rt: Runtime, body: bytes, signature: str | None) -> WebhookOutcome:
     """Process one webhook delivery; safe under duplicates, reordering and races.
 
-    Raises ``InvalidSignature`` (answer 400; nothing changed) and
+    Raises ``InvalidSignature`` — also for a verified body that is not a usable event
+    (``MalformedEvent``), since retrying it can never succeed — (answer 400; nothing
+    changed) and
     ``PaymentsUnavailable`` when the session can't be re-retrieved (answer
     5xx so the provider retries; nothing recorded). Anything else is a 200.
     """
@@ -623,6 +625,7 @@ def pay_local(rt: Runtime, checkout_id: str) -> bool:
     more. Returns whether this call credited. Refused unless the server runs
     the local provider (with Stripe configured, only Stripe can say "paid").
     """
+    ids.check_identifier(checkout_id, "checkout_id")
     payments = rt.payments
     if payments.provider != "local" or not isinstance(payments, LocalPayments):
         raise ValidationError(
@@ -721,6 +724,7 @@ def reconcile_payments(
 
 def checkout_status(rt: Runtime, checkout_id: str) -> CheckoutStatus:
     """A checkout's current state for the checkout and result pages."""
+    ids.check_identifier(checkout_id, "checkout_id")  # from a URL: NUL would 500 on PostgreSQL
     with rt.db.read() as s:
         found = s.execute(
             select(CheckoutSession, Account.name)

@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from walkeep import ids
 from walkeep.backends.base import EpochInfo
 from walkeep.db.models import Blob, Memory
 from walkeep.errors import NotFound, ValidationError
@@ -21,7 +22,7 @@ def resolve(session: Session, account_id: str, ident: str) -> list[tuple[Memory,
     """Memories named by a ``mem_…`` id or sharing a blob_id, in this account only."""
     if not isinstance(ident, str) or not ident.strip():
         raise ValidationError("memory_id is required", {"field": "memory_id"})
-    ident = ident.strip()
+    ident = ids.check_identifier(ident.strip(), "memory_id")
     q = (
         select(Memory, Blob)
         .outerjoin(Blob, Blob.id == Memory.blob_pk)

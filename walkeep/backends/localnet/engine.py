@@ -585,9 +585,18 @@ class LocalNetwork(QuiltStoreMixin):
     """The simulated Walrus + Sui network, persisted under ``state_dir``.
 
     Configuration (``epoch_seconds``, ``storage_price_frost``) is a property of
-    the network, shared by every process that opens the directory: the latest
-    opener's values win. Changing ``epoch_seconds`` re-anchors the schedule at
-    the start of the current epoch, so epochs never go backwards.
+    the network, shared by every process that opens the directory. Only an
+    opener that *runs* the network (``walkeep serve``, ``worker``, ``devnet``)
+    passes ``configure=True`` and writes its values; every other opener
+    (``doctor``, ``smoke``, tests, tools) reads the network as it is, so a
+    command run in another shell without the same environment can never
+    change a running server's epoch length. Any opener initialises a network
+    that does not exist yet.
+
+    Changing ``epoch_seconds`` keeps time continuous: the schedule is
+    re-anchored at *now* with the current epoch number, so the current epoch
+    neither jumps forward (which would expire every blob at once) nor goes
+    backwards; later epochs last the new length.
     """
 
     network = NETWORK
@@ -602,6 +611,7 @@ class LocalNetwork(QuiltStoreMixin):
         epoch_seconds: int = 3600,
         storage_price_frost: int = 11_000,
         faults: Faults | None = None,
+        configure: bool = False,
     ) -> None:
         if epoch_seconds < 1:
             raise ValueError("epoch_seconds must be >= 1")
@@ -618,7 +628,7 @@ class LocalNetwork(QuiltStoreMixin):
         self._closed = False
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.db_path = self.state_dir / DB_FILE
-        self._init_state(epoch_seconds, storage_price_frost)
+        self._init_state(epoch_seconds, storage_price_frost, configure=configure)
 
     # --- plumbing ------------------------------------------------------------------------
 
@@ -680,7 +690,9 @@ class LocalNetwork(QuiltStoreMixin):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _init_state(self, epoch_seconds: int, price: int) -> None:
+    def _init_state(self, epoch_seconds: int, price: int, *, configure: bool) -> None:
+        """Create the network if it is new; apply ``epoch_seconds``/``price`` only if
+        ``configure`` (see the class docstring)."""
         with self._write() as c:
             # One statement at a time: executescript() would COMMIT our transaction.
             for stmt in filter(None, (s.strip() for s in _SCHEMA.split(";"))):
@@ -691,21 +703,31 @@ class LocalNetwork(QuiltStoreMixin):
                 sched = _Schedule(now, now, 0, epoch_seconds)
                 c.execute("INSERT INTO meta VALUES ('schema_version', ?)", (_SCHEMA_VERSION,))
                 c.execute("INSERT INTO meta VALUES ('schedule', ?)", (sched.to_json(),))
+                configure = True  # a new network takes this opener's price too
             else:
                 sched = _Schedule.from_json(meta["schedule"])
-                if sched.seconds != epoch_seconds:
-                    current = sched.epoch_at(now)
-                    new = _Schedule(
-                        sched.genesis_us, sched.start_of(current), current, epoch_seconds
+                if sched.seconds != epoch_seconds and not configure:
+                    log.info(
+                        "local network: epoch length is %ss (set by the process running it); "
+                        "ignoring %ss here",
+                        sched.seconds,
+                        epoch_seconds,
                     )
+                elif sched.seconds != epoch_seconds:
+                    # Re-anchor at now, not at the start of the current epoch: under a
+                    # shorter length the time already spent in this epoch would count
+                    # as many epochs at once and expire every blob.
+                    current = sched.epoch_at(now)
+                    new = _Schedule(sched.genesis_us, now, current, epoch_seconds)
                     c.execute("UPDATE meta SET value = ? WHERE key = 'schedule'", (new.to_json(),))
                     log.warning(
-                        "local network: epoch length changed %ss -> %ss; re-anchored at epoch %s",
+                        "local network: epoch length changed %ss -> %ss; epoch %s continues "
+                        "from now",
                         sched.seconds,
                         epoch_seconds,
                         current,
                     )
-            if meta.get("storage_price_frost") != str(price):
+            if configure and meta.get("storage_price_frost") != str(price):
                 c.execute(
                     "INSERT INTO meta VALUES ('storage_price_frost', ?) "
                     "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
