@@ -262,6 +262,8 @@ def smoke(
             "renew_threshold_epochs": 1,
             "target_runway_epochs": 2,
             "public_url": public_url,
+            # One memory: write its quilt at once instead of waiting for neighbours.
+            "quilt_window_seconds": 0,
         }
     )
     migrations.upgrade(settings.db_url)

@@ -660,11 +660,14 @@ class SelfRelayer:
         if self._take_injected_failure():
             return self._finish_failed([j.id for j in jobs], "injected failure (test hook)")
         # Identical content (deterministic per-account encryption) is one patch.
+        # Identifiers are short and only unique within the quilt: they are public on
+        # Walrus and every byte of them is in the quilt's index column.
         patches: dict[bytes, tuple[str, bytes]] = {}
         for job in jobs:
             assert job.ciphertext is not None
             digest = hashlib.sha256(job.ciphertext).digest()
-            patches.setdefault(digest, (job.id, job.ciphertext))
+            if digest not in patches:
+                patches[digest] = (f"m{len(patches)}", job.ciphertext)
         epochs = max(j.epochs for j in jobs)
         try:
             stored = self.store.put_quilt(list(patches.values()), epochs=epochs, owner=self.owner)
