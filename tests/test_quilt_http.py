@@ -372,6 +372,8 @@ def test_walrus_put_quilt_is_never_retried_and_maps_errors() -> None:
         [("_x", b"x")],
         [("a", b"x"), ("a", b"y")],
         [("", b"x")],
+        [("a", "not bytes")],
+        [("a",)],
     ],
 )
 def test_walrus_put_quilt_validates_before_sending(patches: list[tuple[str, bytes]]) -> None:
