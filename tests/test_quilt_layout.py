@@ -96,6 +96,8 @@ def test_packing_saves_storage_for_small_memories() -> None:
     single = single_blob_storage_size(700)
     assert single == encoded_blob_length(700) == 66_034_000
     assert quilt < 2 * single
+    # Each 700-byte patch needs its own column of 334 × S bytes: S = 4, not 2.
+    assert quilt == encoded_blob_length(334 * 667 * 4) == 68_036_000
     assert quilt == plan_layout([(f"p{i}", 700) for i in range(600)]).storage_size
 
 

@@ -28,9 +28,16 @@ patch id decodes to columns [1, 208).
 
 What is Walkeep's own (we have no RedStuff encoder to check real bytes
 against): the byte encoding *inside* the index columns (a BCS-style record
-list, below), patches stored in request order without Walrus's per-patch
-header, and no cap on the number of index columns. Sizes, columns and patch
-ids follow QuiltV1; the exact quilt bytes (and so the blob id) do not.
+list, below); patches in request order (Walrus sorts them by identifier)
+and without Walrus's small per-patch header (identifier + tags again, so a
+real quilt can need a column more for a patch that nearly fills its own);
+no cap on the number of index columns (Walrus allows 10). Sizes, columns and
+patch ids follow QuiltV1; the exact quilt bytes (and so the blob id) do not.
+
+Cost note: every patch takes at least one whole column (``n_rows × S``
+bytes), so 600 patches of 700 bytes need S = 4 and encode to 68,036,000
+bytes (65 MiB units), not the 63 units of the bytes' plain sum; still ~580×
+cheaper than 600 separate blobs.
 
 Index encoding (deterministic, so a reader lists patches from the bytes
 alone): ``u8 version ‖ u32le body_len ‖ body`` where ``body = uleb128 count ‖
