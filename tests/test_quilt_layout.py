@@ -234,3 +234,30 @@ def test_encode_patch_id_validates() -> None:
     with pytest.raises(ValueError):
         encode_patch_id(DOC_QUILT_ID, 1, 70_000)
     assert not is_patch_id(None)
+
+
+class CountingSource:
+    """A ByteSource that records how many bytes were read (like an SQLite blob handle)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.read = data, 0
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, key: slice) -> bytes:
+        out = self.data[key]
+        self.read += len(out)
+        return out
+
+
+def test_reading_a_patch_touches_only_its_columns() -> None:
+    sizes = [50_000, 3_000, 200_000]
+    layout = plan_layout([(f"p{i}", s) for i, s in enumerate(sizes)])
+    datas = [bytes([i + 1]) * s for i, s in enumerate(sizes)]
+    laid = layout_bytes(layout, datas)
+    for slot, data in zip(layout.slots, datas, strict=True):
+        src = CountingSource(laid)
+        assert read_patch(src, layout, slot.start_col, slot.end_col) == data
+        assert src.read == (slot.end_col - slot.start_col) * layout.column_bytes
+        assert src.read < len(laid) / 2
