@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from walkeep.pricing import encoded_blob_length
+from walkeep.pricing import encoded_blob_length, storage_units
 from walkeep.quilt import (
     MAX_PATCHES,
     QUILT_VERSION,
@@ -261,3 +261,13 @@ def test_reading_a_patch_touches_only_its_columns() -> None:
         assert read_patch(src, layout, slot.start_col, slot.end_col) == data
         assert src.read == (slot.end_col - slot.start_col) * layout.column_bytes
         assert src.read < len(laid) / 2
+
+
+def test_a_full_quilt_lets_the_index_set_the_symbol_size() -> None:
+    # The figures quoted in walkeep/quilt.py's docstring.
+    def units(n: int) -> tuple[int, int]:
+        layout = plan_layout([(f"mem_{i:08d}", 700) for i in range(n)])
+        return layout.symbol_size, storage_units(layout.storage_size)
+
+    assert units(655) == (4, 65)
+    assert units(666) == (36, 96)

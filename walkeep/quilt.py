@@ -37,7 +37,11 @@ patch ids follow QuiltV1; the exact quilt bytes (and so the blob id) do not.
 Cost note: every patch takes at least one whole column (``n_rows × S``
 bytes), so 600 patches of 700 bytes need S = 4 and encode to 68,036,000
 bytes (65 MiB units), not the 63 units of the bytes' plain sum; still ~580×
-cheaper than 600 separate blobs.
+cheaper than 600 separate blobs. A *full* quilt is not the cheapest: with
+666 patches the index has a single column, so it sets the symbol size (666 ×
+700 B with 12-character identifiers: S = 36, 96 units; 655 of them: S = 4,
+65 units). Plan with :func:`plan_layout` / :func:`quilt_storage_size`
+rather than filling to 666.
 
 Index encoding (deterministic, so a reader lists patches from the bytes
 alone): ``u8 version ‖ u32le body_len ‖ body`` where ``body = uleb128 count ‖
