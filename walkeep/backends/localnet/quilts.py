@@ -143,6 +143,7 @@ class QuiltStoreMixin:
             epoch = self._net._epoch(c)
             stored: tuple[BlobObject, bool, int | None] | None = None
             if not force:
+                # Imported here: engine imports this module to build LocalNetwork.
                 from walkeep.backends.localnet.engine import blob_id_for
 
                 existing = self._net._already_certified(
