@@ -372,6 +372,8 @@ def test_walrus_put_quilt_is_never_retried_and_maps_errors() -> None:
         [("_x", b"x")],
         [("a", b"x"), ("a", b"y")],
         [("", b"x")],
+        [("a", "not bytes")],
+        [("a",)],
     ],
 )
 def test_walrus_put_quilt_validates_before_sending(patches: list[tuple[str, bytes]]) -> None:
@@ -426,3 +428,16 @@ def test_explorer_shows_a_quilt_and_its_patch_count(devnet: Devnet) -> None:
     plain = devnet.http.put("/v1/blobs", content=b"plain").json()["newlyCreated"]["blobObject"]
     data = devnet.http.get(f"/explorer/object/{plain['id']}", params={"format": "json"}).json()
     assert (data["kind"], data["quilt_patches"]) == ("blob", None)
+
+
+def test_multipart_content_type_is_case_insensitive(devnet: Devnet) -> None:
+    # Media types are case-insensitive (RFC 9110 §8.3.1).
+    req = devnet.http.build_request(
+        "PUT", "/v1/quilts", files=[("a", ("a", b"A", "application/octet-stream"))]
+    )
+    req.headers["content-type"] = req.headers["content-type"].replace(
+        "multipart/form-data", "Multipart/Form-Data"
+    )
+    resp = devnet.http.send(req)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["storedQuiltBlobs"][0]["identifier"] == "a"

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from walkeep.pricing import encoded_blob_length
+from walkeep.pricing import encoded_blob_length, storage_units
 from walkeep.quilt import (
     MAX_PATCHES,
     QUILT_VERSION,
@@ -96,6 +96,8 @@ def test_packing_saves_storage_for_small_memories() -> None:
     single = single_blob_storage_size(700)
     assert single == encoded_blob_length(700) == 66_034_000
     assert quilt < 2 * single
+    # Each 700-byte patch needs its own column of 334 × S bytes: S = 4, not 2.
+    assert quilt == encoded_blob_length(334 * 667 * 4) == 68_036_000
     assert quilt == plan_layout([(f"p{i}", 700) for i in range(600)]).storage_size
 
 
@@ -232,3 +234,40 @@ def test_encode_patch_id_validates() -> None:
     with pytest.raises(ValueError):
         encode_patch_id(DOC_QUILT_ID, 1, 70_000)
     assert not is_patch_id(None)
+
+
+class CountingSource:
+    """A ByteSource that records how many bytes were read (like an SQLite blob handle)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.read = data, 0
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, key: slice) -> bytes:
+        out = self.data[key]
+        self.read += len(out)
+        return out
+
+
+def test_reading_a_patch_touches_only_its_columns() -> None:
+    sizes = [50_000, 3_000, 200_000]
+    layout = plan_layout([(f"p{i}", s) for i, s in enumerate(sizes)])
+    datas = [bytes([i + 1]) * s for i, s in enumerate(sizes)]
+    laid = layout_bytes(layout, datas)
+    for slot, data in zip(layout.slots, datas, strict=True):
+        src = CountingSource(laid)
+        assert read_patch(src, layout, slot.start_col, slot.end_col) == data
+        assert src.read == (slot.end_col - slot.start_col) * layout.column_bytes
+        assert src.read < len(laid) / 2
+
+
+def test_a_full_quilt_lets_the_index_set_the_symbol_size() -> None:
+    # The figures quoted in walkeep/quilt.py's docstring.
+    def units(n: int) -> tuple[int, int]:
+        layout = plan_layout([(f"mem_{i:08d}", 700) for i in range(n)])
+        return layout.symbol_size, storage_units(layout.storage_size)
+
+    assert units(655) == (4, 65)
+    assert units(666) == (36, 96)

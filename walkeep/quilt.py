@@ -28,15 +28,29 @@ patch id decodes to columns [1, 208).
 
 What is Walkeep's own (we have no RedStuff encoder to check real bytes
 against): the byte encoding *inside* the index columns (a BCS-style record
-list, below), patches stored in request order without Walrus's per-patch
-header, and no cap on the number of index columns. Sizes, columns and patch
-ids follow QuiltV1; the exact quilt bytes (and so the blob id) do not.
+list, below); patches in request order (Walrus sorts them by identifier)
+and without Walrus's small per-patch header (identifier + tags again, so a
+real quilt can need a column more for a patch that nearly fills its own);
+no cap on the number of index columns (Walrus allows 10). Sizes, columns and
+patch ids follow QuiltV1; the exact quilt bytes (and so the blob id) do not.
+
+Cost note: every patch takes at least one whole column (``n_rows × S``
+bytes), so 600 patches of 700 bytes need S = 4 and encode to 68,036,000
+bytes (65 MiB units), not the 63 units of the bytes' plain sum; still ~580×
+cheaper than 600 separate blobs. A *full* quilt is not the cheapest: with
+666 patches the index has a single column, so it sets the symbol size (666 ×
+700 B with 12-character identifiers: S = 36, 96 units; 655 of them: S = 4,
+65 units). Plan with :func:`plan_layout` / :func:`quilt_storage_size`
+rather than filling to 666.
 
 Index encoding (deterministic, so a reader lists patches from the bytes
 alone): ``u8 version ‖ u32le body_len ‖ body`` where ``body = uleb128 count ‖
-count × (uleb128 len ‖ identifier utf-8 ‖ u16le start_col ‖ u16le end_col ‖
-u64le size ‖ uleb128 n_tags ‖ n_tags × (uleb128 len ‖ key ‖ uleb128 len ‖
-value))`` with tags sorted by key.
+count × (uleb128 len ‖ identifier utf-8 ‖ u16le end_col ‖ uleb128 size ‖
+uleb128 n_tags ‖ n_tags × (uleb128 len ‖ key ‖ uleb128 len ‖ value))`` with
+tags sorted by key; a patch starts where the previous one ended (the first
+right after the index). Kept compact on purpose: with 666 patches the whole
+index must fit in one column, so every index byte per patch costs ~666 bytes
+of symbol matrix — and long identifiers cost the same way (as in Walrus).
 """
 
 from __future__ import annotations
@@ -47,6 +61,7 @@ import re
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from walkeep.pricing import N_SHARDS, encoded_blob_length
 
@@ -269,7 +284,7 @@ def encode_index(slots: Sequence[PatchSlot]) -> bytes:
     body = bytearray(_uleb(len(slots)))
     for s in slots:
         body += _lp(s.identifier.encode("utf-8"))
-        body += struct.pack("<HHQ", s.start_col, s.end_col, s.size)
+        body += struct.pack("<H", s.end_col) + _uleb(s.size)
         body += _uleb(len(s.tags))
         for k, v in s.tags:
             body += _lp(k.encode("utf-8")) + _lp(v.encode("utf-8"))
@@ -305,14 +320,17 @@ class _Reader:
             raise ValueError("quilt index: invalid UTF-8") from None
 
 
-def _decode_body(body: bytes) -> tuple[PatchSlot, ...]:
+def _decode_body(body: bytes, index_cols: int) -> tuple[PatchSlot, ...]:
     r = _Reader(body)
     slots = []
+    start = index_cols  # each patch starts where the previous one ended
     for _ in range(r.uleb()):
         identifier = r.text()
-        start, end, size = struct.unpack("<HHQ", r.take(12))
+        (end,) = struct.unpack("<H", r.take(2))
+        size = r.uleb()
         tags = tuple((r.text(), r.text()) for _ in range(r.uleb()))
         slots.append(PatchSlot(identifier, start, end, size, tags))
+        start = end
     if r.pos != len(body):
         raise ValueError("quilt index: trailing bytes")
     return tuple(slots)
@@ -337,27 +355,45 @@ def _write_column(buf: bytearray, layout: QuiltLayout, col: int, chunk: bytes) -
             ]
 
 
-def _read_column(data: bytes, layout: QuiltLayout, col: int) -> bytes:
-    s, rows = layout.symbol_size, layout.n_rows
+class ByteSource(Protocol):
+    """Random access to a quilt's bytes: ``bytes``, or an open SQLite blob handle."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, key: slice, /) -> bytes: ...
+
+
+def _read_span(data: ByteSource, layout: QuiltLayout, start_col: int, end_col: int) -> bytes:
+    """Columns ``[start_col, end_col)`` in column order, with one read per row.
+
+    A patch's columns are contiguous within each row, so this touches only
+    ``n_rows`` short ranges of the quilt, never the whole of it.
+    """
+    s, rows, width = layout.symbol_size, layout.n_rows, (end_col - start_col) * layout.symbol_size
     row_bytes = layout.n_cols * s
-    if s <= rows:
-        out = bytearray(rows * s)
-        for b in range(s):
-            out[b::s] = data[col * s + b :: row_bytes]
-        return bytes(out)
-    return b"".join(
-        data[r * row_bytes + col * s : r * row_bytes + (col + 1) * s] for r in range(rows)
+    first = start_col * s
+    matrix = b"".join(
+        bytes(data[r * row_bytes + first : r * row_bytes + first + width]) for r in range(rows)
     )
+    ncols = end_col - start_col
+    col_bytes = rows * s
+    out = bytearray(ncols * col_bytes)
+    if s <= rows:  # s strided copies per column
+        for j in range(ncols):
+            for b in range(s):
+                out[j * col_bytes + b : (j + 1) * col_bytes : s] = matrix[j * s + b :: width]
+    else:  # rows copies of one symbol per column
+        for j in range(ncols):
+            for r in range(rows):
+                at = j * col_bytes + r * s
+                out[at : at + s] = matrix[r * width + j * s : r * width + (j + 1) * s]
+    return bytes(out)
 
 
 def _write_columns(buf: bytearray, layout: QuiltLayout, start_col: int, data: bytes) -> None:
     step = layout.column_bytes
     for i, off in enumerate(range(0, len(data), step)):
         _write_column(buf, layout, start_col + i, data[off : off + step])
-
-
-def _read_columns(data: bytes, layout: QuiltLayout, start_col: int, end_col: int) -> bytes:
-    return b"".join(_read_column(data, layout, c) for c in range(start_col, end_col))
 
 
 def layout_bytes(layout: QuiltLayout, datas: Sequence[bytes]) -> bytes:
@@ -376,17 +412,17 @@ def layout_bytes(layout: QuiltLayout, datas: Sequence[bytes]) -> bytes:
     return bytes(buf)
 
 
-def parse_index(laid_out: bytes, n_shards: int = N_SHARDS) -> QuiltLayout:
+def parse_index(laid_out: ByteSource, n_shards: int = N_SHARDS) -> QuiltLayout:
     """Recover the layout from a quilt's bytes alone; ValueError if they are not a quilt."""
     n_rows, n_cols = source_symbols(n_shards)
     cells = n_rows * n_cols
-    if not laid_out or len(laid_out) % cells:
+    if not len(laid_out) or len(laid_out) % cells:
         raise ValueError(f"not a quilt: {len(laid_out)} bytes is not a multiple of {cells}")
     symbol = len(laid_out) // cells
     if symbol % SYMBOL_ALIGNMENT:
         raise ValueError(f"not a quilt: odd symbol size {symbol}")
     probe = QuiltLayout(symbol, n_rows, n_cols, 0, ())
-    first = _read_column(laid_out, probe, 0)
+    first = _read_span(laid_out, probe, 0, 1)
     if len(first) < _INDEX_PREFIX.size:
         raise ValueError("not a quilt: column too small for the index prefix")
     version, body_len = _INDEX_PREFIX.unpack_from(first)
@@ -396,33 +432,33 @@ def parse_index(laid_out: bytes, n_shards: int = N_SHARDS) -> QuiltLayout:
     index_cols = -(-total // probe.column_bytes)
     if index_cols >= n_cols:
         raise ValueError("not a quilt: index longer than the quilt")
-    raw = _read_columns(laid_out, probe, 0, index_cols)[_INDEX_PREFIX.size : total]
-    slots = _decode_body(raw)
-    at = index_cols
+    raw = first if index_cols == 1 else _read_span(laid_out, probe, 0, index_cols)
+    slots = _decode_body(raw[_INDEX_PREFIX.size : total], index_cols)
     for s in slots:
         width = max(1, -(-s.size // probe.column_bytes))
-        if s.start_col != at or s.end_col != at + width:
+        if s.end_col != s.start_col + width:
             raise ValueError(f"not a quilt: patch {s.identifier!r} has inconsistent columns")
-        at += width
-    if at > n_cols:
+    if slots and slots[-1].end_col > n_cols:
         raise ValueError("not a quilt: patches overflow the matrix")
     return QuiltLayout(symbol, n_rows, n_cols, index_cols, slots)
 
 
 def read_patch(
-    laid_out: bytes, layout_or_index: QuiltLayout | None, start_col: int, end_col: int
+    laid_out: ByteSource, layout_or_index: QuiltLayout | None, start_col: int, end_col: int
 ) -> bytes:
     """The data of the patch in columns ``[start_col, end_col)``.
 
-    ``layout_or_index`` is the quilt's layout if known, else None to read
-    the index from the bytes. KeyError if no patch occupies exactly those
-    columns; ValueError if the bytes are not a quilt.
+    ``laid_out`` is the quilt's bytes or anything sliceable like them (an
+    SQLite blob handle: only the patch's ranges are read). ``layout_or_index``
+    is the quilt's layout if known, else None to read the index from the
+    bytes. KeyError if no patch occupies exactly those columns; ValueError if
+    the bytes are not a quilt.
     """
     layout = layout_or_index if layout_or_index is not None else parse_index(laid_out)
     if len(laid_out) != layout.laid_out_size:
         raise ValueError(f"quilt is {layout.laid_out_size} bytes, got {len(laid_out)}")
     slot = layout.slot_at(start_col, end_col)
-    return _read_columns(laid_out, layout, start_col, end_col)[: slot.size]
+    return _read_span(laid_out, layout, start_col, end_col)[: slot.size]
 
 
 # --- patch ids -----------------------------------------------------------------------------

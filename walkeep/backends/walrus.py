@@ -203,7 +203,17 @@ class WalrusBlobStore:
         may exist, and the orphan sweep finds it).
         """
         epochs = self._check_epochs(epochs)
-        items = [(identifier, bytes(data)) for identifier, data in patches]
+        items: list[tuple[str, bytes]] = []
+        for item in patches:
+            if (
+                not isinstance(item, tuple | list)
+                or len(item) != 2
+                or not isinstance(item[1], bytes | bytearray | memoryview)
+            ):
+                raise ValidationError(
+                    "quilt patches must be (identifier, bytes) pairs", {"backend": self.name}
+                )
+            items.append((item[0], bytes(item[1])))
         try:
             layout = plan_layout([(i, len(d)) for i, d in items])
         except ValueError as exc:

@@ -1,6 +1,7 @@
 """The embedded local network: a faithful model of Walrus + Sui on one machine.
 
-- :class:`LocalNetwork` (``engine``) — the simulated chain + storage, in SQLite.
+- :class:`LocalNetwork` (``engine``) — the simulated chain + storage, in SQLite;
+  ``quilts`` adds quilt storage (many patches as one Blob object) to it.
 - :class:`LocalChain` / :class:`LocalBlobStore` — the ``Chain`` / ``BlobStore`` ports.
 - ``devnet`` — the same engine served over Walrus's publisher/aggregator HTTP API.
 - ``explorer`` — HTML/JSON pages for local transactions and Blob objects.

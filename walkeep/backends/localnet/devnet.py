@@ -311,7 +311,7 @@ async def _parse_quilt_form(
     Every field but ``_metadata`` is a patch named by its field name (file or plain
     field alike); ``_metadata`` is a JSON list of ``{"identifier", "tags"}``.
     """
-    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+    if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
         return _malformed("a quilt is sent as multipart/form-data")
     parser = MultiPartParser(
         request.headers,

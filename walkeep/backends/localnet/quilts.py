@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, cast
 from walkeep.backends.base import BlobObject, QuiltPatch, StoredQuilt
 from walkeep.errors import NotFound, RelayerUnavailable, ValidationError
 from walkeep.quilt import (
+    ByteSource,
     PatchSlot,
     QuiltLayout,
     decode_patch_id,
@@ -142,6 +143,7 @@ class QuiltStoreMixin:
             epoch = self._net._epoch(c)
             stored: tuple[BlobObject, bool, int | None] | None = None
             if not force:
+                # Imported here: engine imports this module to build LocalNetwork.
                 from walkeep.backends.localnet.engine import blob_id_for
 
                 existing = self._net._already_certified(
@@ -200,17 +202,26 @@ class QuiltStoreMixin:
                     (blob_id, epoch),
                 ).fetchone()
             )
-            data = (
-                c.execute("SELECT data FROM contents WHERE blob_id = ?", (blob_id,)).fetchone()
+            content = (
+                c.execute(
+                    "SELECT rowid, length(data) FROM contents WHERE blob_id = ?", (blob_id,)
+                ).fetchone()
                 if live
                 else None
             )
-        if row is None or data is None:
-            raise NotFound("quilt patch not found (never stored, or expired)", not_found)
-        patch = _patch_from_row(blob_id, row)
-        raw = bytes(data[0])
-        slot = PatchSlot(patch.identifier, patch.start_col, patch.end_col, patch.size)
-        return patch, read_patch(raw, _geometry(len(raw), slot), slot.start_col, slot.end_col)
+            if row is None or content is None:
+                raise NotFound("quilt patch not found (never stored, or expired)", not_found)
+            patch = _patch_from_row(blob_id, row)
+            slot = PatchSlot(patch.identifier, patch.start_col, patch.end_col, patch.size)
+            # Read only the patch's ranges from the stored quilt, not all of it.
+            with c.blobopen("contents", "data", content[0], readonly=True) as blob:
+                data = read_patch(
+                    cast(ByteSource, blob),
+                    _geometry(content[1], slot),
+                    slot.start_col,
+                    slot.end_col,
+                )
+        return patch, data
 
     def read_patch_entry(self, patch_id: str) -> tuple[LocalPatch, bytes]:
         """A patch and its bytes by patch id; NotFound if malformed, unknown or lapsed."""
