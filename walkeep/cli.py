@@ -260,7 +260,7 @@ def serve(
     scheduler = None
     lock = None
     if not no_worker:
-        from worker.jobs import acquire_worker_lock, build_scheduler
+        from walkeep.scheduler.jobs import acquire_worker_lock, build_scheduler
 
         try:
             lock = acquire_worker_lock(rt)
@@ -306,7 +306,7 @@ def worker() -> None:
     """Run the background jobs (renewal, completion, sweep, reconciliation)."""
     from walkeep import logs
     from walkeep.bootstrap import build_runtime
-    from worker.run import run_forever
+    from walkeep.scheduler.run import run_forever
 
     logs.setup("INFO")
     settings = _settings()

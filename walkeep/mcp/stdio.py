@@ -73,7 +73,7 @@ def run_stdio(settings: Settings, *, api_key: str | None, namespace: str | None)
 
 def _maybe_in_process_worker(rt):  # type: ignore[no-untyped-def]
     """Run the jobs here too when nothing else does (embedded default, SQLite)."""
-    from worker.jobs import acquire_worker_lock, build_scheduler
+    from walkeep.scheduler.jobs import acquire_worker_lock, build_scheduler
 
     try:
         lock = acquire_worker_lock(rt)
