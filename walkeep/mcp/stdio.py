@@ -9,43 +9,23 @@ follows MemWal's precedence: explicit argument > ``--namespace`` >
 
 from __future__ import annotations
 
-import json
 import logging
-from pathlib import Path
 
 from walkeep import logs
 from walkeep.bootstrap import build_runtime
 from walkeep.config import Settings
 from walkeep.errors import ConfigurationError, Unauthorized
 from walkeep.mcp.server import Caller, build_mcp
+from walkeep.onboarding import credentials_path, resolve_api_key
 from walkeep.service import accounts
+
+__all__ = ["credentials_path", "resolve_api_key", "run_stdio"]
 
 log = logging.getLogger(__name__)
 
 
-def credentials_path(settings: Settings) -> Path:
-    return settings.data_dir / "credentials.json"
-
-
-def resolve_api_key(settings: Settings, flag: str | None) -> str:
-    if flag:
-        return flag
-    if settings.api_key:
-        return settings.api_key
-    path = credentials_path(settings)
-    if path.exists():
-        try:
-            return str(json.loads(path.read_text())["api_key"])
-        except (ValueError, KeyError) as exc:
-            raise ConfigurationError(f"{path} is not a valid credentials file") from exc
-    raise ConfigurationError(
-        "no API key: pass --api-key, set WALKEEP_API_KEY, or run `walkeep serve` once "
-        f"to create {path}"
-    )
-
-
 def run_stdio(settings: Settings, *, api_key: str | None, namespace: str | None) -> None:
-    logs.setup("WARNING")
+    logs.setup("WARNING", fmt=settings.log_format)
     key = resolve_api_key(settings, api_key)
     rt = build_runtime(settings)
     from walkeep.db import migrate
