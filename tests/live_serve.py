@@ -48,6 +48,10 @@ class Served:
     url: str
     api_key: str
     proc: subprocess.Popen[str]
+    stderr_path: Path
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text()
 
 
 @contextmanager
@@ -55,13 +59,16 @@ def walkeep_serve(tmp_path: Path, db_url: str) -> Iterator[Served]:
     """Start ``walkeep serve``; yield once /healthz answers, with the first-run key."""
     port = free_port()
     data_dir = tmp_path / "serve-data"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "walkeep.cli", "serve", "--port", str(port)],
-        env=walkeep_env(data_dir, db_url),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    # stderr to a file, not a pipe: nobody drains a pipe while the test runs.
+    stderr_path = tmp_path / "serve.stderr"
+    with stderr_path.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "walkeep.cli", "serve", "--port", str(port)],
+            env=walkeep_env(data_dir, db_url),
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            text=True,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 90
@@ -79,11 +86,11 @@ def walkeep_serve(tmp_path: Path, db_url: str) -> Iterator[Served]:
                 raise RuntimeError("walkeep serve did not answer /healthz in time")
             time.sleep(0.1)
         creds = json.loads((data_dir / "credentials.json").read_text())
-        yield Served(url=url, api_key=creds["api_key"], proc=proc)
+        yield Served(url=url, api_key=creds["api_key"], proc=proc, stderr_path=stderr_path)
     finally:
         proc.terminate()
         try:
-            proc.communicate(timeout=30)
+            proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.communicate()
+            proc.wait()
