@@ -179,6 +179,9 @@ def test_worker_process_runs_jobs_and_stops_gracefully_on_sigterm(
         "WALKEEP_DATABASE_URL": settings.db_url,
         "WALKEEP_MASTER_KEY": settings.master_key or "",
         "WALKEEP_EMBEDDER": "hash",
+        # Idle runs log only at debug level ("job idle"); an idle worker is quiet at info.
+        "WALKEEP_LOG_LEVEL": "debug",
+        "WALKEEP_LOG_FORMAT": "json",
     }
     metrics_port = _free_port()
     proc = subprocess.Popen(
@@ -201,7 +204,7 @@ def test_worker_process_runs_jobs_and_stops_gracefully_on_sigterm(
             record = json.loads(line)
         except ValueError:
             continue
-        if record.get("msg") == "job done":
+        if record.get("msg") in ("job done", "job idle"):
             jobs_seen.add(record["job"])
     assert jobs_seen == {
         "complete_writes",

@@ -386,7 +386,7 @@ def test_two_worker_processes_on_postgres_renew_each_blob_exactly_once(
 
 
 def test_sqlite_refuses_a_second_worker(rt: Runtime) -> None:
-    from worker.jobs import acquire_worker_lock
+    from walkeep.scheduler.jobs import acquire_worker_lock
 
     if ON_PG:
         # PostgreSQL needs no process lock: workers claim rows with SKIP LOCKED.

@@ -3,6 +3,10 @@
 Every failure an operator can cause (bad input, unknown account, unreachable
 database, wrong configuration) ends in one line on stderr and a non-zero exit
 status, never a traceback.
+
+Imports of the database, the service layer and the runtime are lazy (inside the
+commands): ``walkeep --version``, ``--help`` and the ``walkeep mcp --url`` bridge must
+start fast and never load models, an ONNX runtime or the local network.
 """
 
 from __future__ import annotations
@@ -10,17 +14,16 @@ from __future__ import annotations
 import json
 import sys
 from decimal import Decimal
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from sqlalchemy.exc import SQLAlchemyError
 
-from walkeep import ledger
+from walkeep import __version__
 from walkeep.config import Settings, load_settings
-from walkeep.db import Database, redact
-from walkeep.db import migrate as migrations
 from walkeep.errors import ConfigurationError, WalkeepError
-from walkeep.service import accounts
+
+if TYPE_CHECKING:
+    from walkeep.db import Database
 
 app = typer.Typer(
     name="walkeep",
@@ -36,6 +39,29 @@ app.add_typer(account_app, name="account")
 app.add_typer(key_app, name="key")
 app.add_typer(credits_app, name="credits")
 
+JSON_HELP = "Print one JSON object instead of text."
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"walkeep {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            help="Print the version and exit.",
+            callback=_print_version,
+            is_eager=True,
+        ),
+    ] = False,
+) -> None:
+    """Durable, prepaid, auto-renewed memory for AI agents on Walrus."""
+
 
 class CliError(Exception):
     """A one-line message for the operator."""
@@ -47,6 +73,9 @@ def _settings() -> Settings:
 
 def open_db(settings: Settings | None = None, *, migrate: bool = True) -> Database:
     """Connect, and bring the schema to head (idempotent and quick when current)."""
+    from walkeep.db import Database
+    from walkeep.db import migrate as migrations
+
     settings = settings or _settings()
     db = Database(settings.db_url)
     db.ping()
@@ -56,6 +85,8 @@ def open_db(settings: Settings | None = None, *, migrate: bool = True) -> Databa
 
 
 def _usd(value: str, field: str) -> int:
+    from walkeep import ledger
+
     try:
         d = Decimal(value)
     except Exception as exc:
@@ -72,6 +103,9 @@ def _emit(data: dict[str, Any], as_json: bool, human: str) -> None:
 @app.command()
 def migrate() -> None:
     """Create or upgrade the database schema to the latest version."""
+    from walkeep.db import Database, redact
+    from walkeep.db import migrate as migrations
+
     settings = _settings()
     db = Database(settings.db_url)
     db.ping()
@@ -88,9 +122,12 @@ def account_create(
     namespace: Annotated[
         str | None, typer.Option("--namespace", help="Default namespace for the first key.")
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Create an account and its first API key (shown once)."""
+    from walkeep import ledger
+    from walkeep.service import accounts
+
     mc = _usd(credits_usd, "--credits-usd")
     db = open_db()
     created = accounts.create_account(db, name, credits_mc=mc, default_namespace=namespace)
@@ -106,7 +143,7 @@ def account_create(
 @account_app.command("show")
 def account_show(
     account: Annotated[str, typer.Option("--account", help="Account id or name.")],
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Show an account's balance."""
     balance(account=account, as_json=as_json)
@@ -118,9 +155,11 @@ def key_create(
     namespace: Annotated[
         str | None, typer.Option("--namespace", help="Default namespace for calls with this key.")
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Create another API key for an account (shown once)."""
+    from walkeep.service import accounts
+
     db = open_db()
     created = accounts.create_key(db, _resolve_account(db, account), default_namespace=namespace)
     _emit(
@@ -133,6 +172,8 @@ def key_create(
 @key_app.command("revoke")
 def key_revoke(prefix: Annotated[str, typer.Argument(help="The key's display prefix.")]) -> None:
     """Revoke an API key by its display prefix (e.g. wk_live_AbCd1234)."""
+    from walkeep.service import accounts
+
     db = open_db()
     account_id = accounts.revoke_key(db, prefix)
     typer.echo(f"revoked {prefix} (account {account_id})")
@@ -143,9 +184,12 @@ def credits_grant(
     account: Annotated[str, typer.Option("--account", help="Account id or name.")],
     usd: Annotated[str, typer.Option("--usd", help="Amount in US dollars.")],
     reason: Annotated[str, typer.Option("--reason", help="Why (kept in the ledger).")],
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Grant credits to an account (promotions, support, corrections)."""
+    from walkeep import ledger
+    from walkeep.service import accounts
+
     mc = _usd(usd, "--usd")
     if mc == 0:
         raise CliError("--usd must be positive")
@@ -167,9 +211,12 @@ def credits_grant(
 @app.command()
 def balance(
     account: Annotated[str, typer.Option("--account", help="Account id or name.")],
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Show an account's credits (1 credit = 1 US cent)."""
+    from walkeep import ledger
+    from walkeep.service import accounts
+
     db = open_db()
     acct = accounts.get_account(db, _resolve_account(db, account))
     data = {
@@ -199,14 +246,16 @@ def _serve_settings(host: str, port: int) -> Settings:
     return settings
 
 
-def first_run(settings: Settings, db: Database) -> None:
+def first_run(settings: Settings, db: Database) -> str | None:
     """On an empty database: a `default` account with promo credits, its key saved
-    (mode 0600) and printed with ready-to-paste MCP client configs."""
-    from walkeep.mcp.stdio import credentials_path
-    from walkeep.onboarding import client_configs, write_credentials
+    (mode 0600). Returns the banner that shows the key with ready-to-paste MCP client
+    configs (``walkeep serve`` prints it once the server is up), or None."""
+    from walkeep import ledger
+    from walkeep.onboarding import client_configs, credentials_path, write_credentials
+    from walkeep.service import accounts
 
     if accounts.find_account_by_name(db, "default") is not None or _has_accounts(db):
-        return
+        return None
     promo = ledger.usd_to_mc(settings.promo_credits_usd)
     created = accounts.create_account(
         db, "default", credits_mc=promo, grant_reason="promo credits (early access)"
@@ -214,14 +263,12 @@ def first_run(settings: Settings, db: Database) -> None:
     mcp_url = settings.public_url.rstrip("/") + "/mcp"
     path = credentials_path(settings)
     write_credentials(path, created.api_key, created.account_id, mcp_url)
-    typer.echo(
-        f"\nCreated account 'default' ({created.account_id}) with "
+    return (
+        f"Created account 'default' ({created.account_id}) with "
         f"{ledger.credits_display(promo)} promo credits.\n"
-        f"API key (saved to {path}, mode 0600): {created.api_key}\n"
-        f"MCP endpoint: {mcp_url}\n",
-        err=True,
+        f"API key (saved to {path}, mode 0600): {created.api_key}\n\n"
+        + client_configs(mcp_url, created.api_key)
     )
-    typer.echo(client_configs(mcp_url, created.api_key), err=True)
 
 
 def _has_accounts(db: Database) -> bool:
@@ -233,15 +280,53 @@ def _has_accounts(db: Database) -> bool:
         return s.scalar(select(Account.id).limit(1)) is not None
 
 
+def serve_banner(
+    settings: Settings,
+    *,
+    host: str,
+    port: int,
+    network: str,
+    storage: str,
+    first_run_text: str | None,
+) -> str:
+    """What a person at the terminal needs, printed after start-up logging."""
+    from walkeep.onboarding import credentials_path
+
+    base = settings.public_url.rstrip("/")
+    rule = "─" * 72
+    lines = [
+        "",
+        rule,
+        f"Walkeep {__version__} is up on http://{host}:{port}  ({network} network, "
+        f"{storage} storage)",
+        f"  MCP endpoint   {base}/mcp",
+        f"  REST + docs    {base}/v1  ·  {base}/docs",
+    ]
+    if first_run_text:
+        lines += ["", first_run_text.rstrip()]
+    else:
+        path = credentials_path(settings)
+        where = (
+            f"the key saved on first run is in {path}"
+            if path.exists()
+            else "create one with `walkeep key create --account NAME`"
+        )
+        lines.append(f"  API key        {where}")
+    lines += [rule, ""]
+    return "\n".join(lines)
+
+
 @app.command()
 def serve(
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port.")] = 8080,
+    port: Annotated[int, typer.Option(help="TCP port to listen on.")] = 8080,
     no_worker: Annotated[
         bool, typer.Option("--no-worker", help="Don't run the scheduler in this process.")
     ] = False,
 ) -> None:
     """Serve MCP (/mcp) and REST (/v1); run the worker in-process unless --no-worker."""
+    import threading
+
     import uvicorn
 
     _check_port(port, "--port")
@@ -249,19 +334,19 @@ def serve(
     from walkeep.api.app import create_app
     from walkeep.bootstrap import build_runtime
 
-    logs.setup("INFO")
     settings = _serve_settings(host, port)
+    logs.setup(settings.log_level, fmt=settings.log_format)
     db = open_db(settings)
     from walkeep.ops import record_server
 
     record_server(settings)  # so `walkeep smoke` links to this server's explorer
-    first_run(settings, db)
+    welcome = first_run(settings, db)
     db.dispose()
     rt = build_runtime(settings, configure_network=True)
     scheduler = None
     lock = None
     if not no_worker:
-        from worker.jobs import acquire_worker_lock, build_scheduler
+        from walkeep.scheduler.jobs import acquire_worker_lock, build_scheduler
 
         try:
             lock = acquire_worker_lock(rt)
@@ -270,36 +355,72 @@ def serve(
             typer.echo(f"walkeep: not running the worker in-process: {exc}", err=True)
 
     def on_stop() -> None:
-        rt.extras.setdefault("stop", __import__("threading").Event()).set()
+        rt.extras.setdefault("stop", threading.Event()).set()
         if scheduler is not None:
             scheduler.shutdown(wait=True)
         if lock is not None:
             lock.release()
 
     application = create_app(rt, on_start=scheduler.start if scheduler else None, on_stop=on_stop)
-    typer.echo(
-        f"Walkeep {rt.chain.network}/{rt.relayer.name} on http://{host}:{port} "
-        f"(MCP {settings.public_url.rstrip('/')}/mcp, docs /docs)",
-        err=True,
+    banner = serve_banner(
+        settings,
+        host=host,
+        port=port,
+        network=rt.chain.network,
+        storage=rt.relayer.name,
+        first_run_text=welcome,
     )
-    uvicorn.run(application, host=host, port=port, log_level="warning")
+
+    class Server(uvicorn.Server):
+        """uvicorn that prints the banner once it is listening, after start-up logs."""
+
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:
+                typer.echo(banner, err=True)
+
+    Server(uvicorn.Config(application, host=host, port=port, log_level="warning")).run()
 
 
 @app.command("mcp")
 def mcp_stdio(
+    url: Annotated[
+        str | None,
+        typer.Option(
+            "--url",
+            metavar="URL",
+            help="A hosted Walkeep's MCP endpoint (https://…/mcp): bridge stdio to it "
+            "instead of serving locally.",
+        ),
+    ] = None,
     api_key: Annotated[
         str | None,
-        typer.Option("--api-key", help="Default: $WALKEEP_API_KEY or the credentials file."),
+        typer.Option(
+            "--api-key",
+            metavar="KEY",
+            help="API key (wk_live_…). Default: $WALKEEP_API_KEY, else the credentials file.",
+        ),
     ] = None,
     namespace: Annotated[
         str | None,
         typer.Option("--namespace", "--ns", help="Default namespace for calls that omit one."),
     ] = None,
 ) -> None:
-    """Serve MCP over stdio (for hosts that launch a command)."""
+    """Serve MCP over stdio, for hosts that launch a command (local, or --url remote)."""
+    settings = _settings()
+    if url is not None:
+        from walkeep.mcp.bridge import run_bridge
+        from walkeep.onboarding import resolve_api_key
+
+        if not url.startswith(("http://", "https://")):
+            raise CliError(f"--url must be an http(s) URL ending in /mcp, got {url!r}")
+        run_bridge(
+            url, resolve_api_key(settings, api_key), namespace=namespace or settings.namespace
+        )
+        return
     from walkeep.mcp.stdio import run_stdio
 
-    run_stdio(_settings(), api_key=api_key, namespace=namespace)
+    run_stdio(settings, api_key=api_key, namespace=namespace)
 
 
 @app.command()
@@ -319,12 +440,12 @@ def worker(
     """Run the background jobs (renewal, completion, sweep, reconciliation)."""
     from walkeep import logs
     from walkeep.bootstrap import build_runtime
-    from worker.run import run_forever
+    from walkeep.scheduler.run import run_forever
 
     if metrics_port is not None:
         _check_port(metrics_port, "--metrics-port")
-    logs.setup("INFO")
     settings = _settings()
+    logs.setup(settings.log_level, fmt=settings.log_format)
     open_db(settings).dispose()
     run_forever(
         build_runtime(settings, with_completer=False, configure_network=True),
@@ -361,7 +482,7 @@ def devnet(
 
 
 @app.command()
-def doctor(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+def doctor(as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False) -> None:
     """Check configuration and connectivity; say exactly what is missing."""
     from walkeep.ops import doctor as run_doctor
 
@@ -416,6 +537,8 @@ def _check_port(port: int, flag: str) -> None:
 
 
 def _resolve_account(db: Database, ref: str) -> str:
+    from walkeep.service import accounts
+
     if ref.startswith("acct_"):
         return ref
     found = accounts.find_account_by_name(db, ref)
@@ -429,22 +552,59 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def build_command() -> Any:
+    """The click command tree, with help that reads cleanly (see ``tidy_help``)."""
+    command = typer.main.get_command(app)
+    tidy_help(command)
+    return command
+
+
+def tidy_help(command: Any, parent: Any = None) -> None:
+    """Replace typer's ``<str>``/``<bool>`` type placeholders with plain metavars.
+
+    Flags show no value at all; an option that takes a value shows its name in
+    capitals (``--port PORT``) unless it declared a metavar. Applied to the whole tree,
+    so commands added later read the same way; tests/test_cli_help.py pins it. Duck
+    typed: recent typer vendors its own click, older typer uses click itself.
+    """
+    ctx = command.context_class(command, info_name=command.name, parent=parent)
+    params = list(command.params)
+    help_option = command.get_help_option(ctx)
+    if help_option is not None:
+        params.append(help_option)
+    for param in params:
+        if getattr(param, "is_flag", False) or getattr(param, "count", False):
+            param.metavar = ""
+        elif param.metavar is None and param.name:
+            param.metavar = param.name.upper()
+        if getattr(param, "param_type_name", "") == "argument":
+            # The name column already says NAME; typer would add a "<str>" type column.
+            param.display_type_rich = lambda ctx: None
+    for sub in (getattr(command, "commands", None) or {}).values():
+        tidy_help(sub, ctx)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the app, turn every expected failure into one line."""
     try:
-        app(args=argv, standalone_mode=True)
+        build_command().main(args=argv, prog_name="walkeep", standalone_mode=True)
     except CliError as exc:
         _die(str(exc))
     except WalkeepError as exc:
         _die(exc.message)
     except ConfigurationError as exc:
         _die(str(exc))
-    except SQLAlchemyError as exc:
-        _die(f"database error: {_first_line(exc)}")
     except RuntimeError as exc:  # smoke: the flow stopped with a reason
         _die(str(exc))
     except KeyboardInterrupt:
         _die("interrupted", code=130)
+    except Exception as exc:
+        # A database error can only come from an imported SQLAlchemy: check without
+        # importing it, so light commands stay light.
+        sa_exc = sys.modules.get("sqlalchemy.exc")
+        if sa_exc is not None and isinstance(exc, sa_exc.SQLAlchemyError):
+            _die(f"database error: {_first_line(exc)}")
+        raise
 
 
 def _die(message: str, code: int = 1) -> None:

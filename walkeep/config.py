@@ -118,6 +118,13 @@ class Settings(BaseSettings):
     )
     api_key: str | None = None
     namespace: str | None = None
+    log_format: Literal["auto", "json", "text"] = Field(
+        default="auto",
+        description="auto: readable text on a terminal, one JSON object per line otherwise.",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="Log level for `walkeep serve` and `walkeep worker`."
+    )
 
     # --- payments (Stripe's own variable names are honoured) ---------------------------
     stripe_secret_key: str | None = Field(

@@ -104,3 +104,33 @@ ALL_CODES: tuple[str, ...] = (
     Unauthorized.code,
     Internal.code,
 )
+
+_BY_CODE: dict[str, type[WalkeepError]] = {
+    cls.code: cls
+    for cls in (
+        InsufficientBalance,
+        NotFound,
+        QuotaExceeded,
+        RelayerUnavailable,
+        ValidationError,
+        PaymentsUnavailable,
+        Unauthorized,
+        Internal,
+    )
+}
+
+
+def from_body(body: dict[str, Any]) -> WalkeepError:
+    """The typed error for a wire envelope (``walkeep.client`` raises these).
+
+    An unknown code (a newer server) still becomes a WalkeepError carrying it.
+    """
+    code = str(body.get("code") or "INTERNAL")
+    message = str(body.get("message") or code)
+    data = body.get("data") if isinstance(body.get("data"), dict) else {}
+    cls = _BY_CODE.get(code)
+    if cls is not None:
+        return cls(message, data)
+    err = WalkeepError(message, data)
+    err.code = code  # type: ignore[misc]
+    return err

@@ -1,10 +1,20 @@
-"""What a newcomer sees on first run: the saved key and MCP client configs to paste."""
+"""What a newcomer sees on first run: the saved key and MCP client configs to paste.
+
+Also where ``walkeep mcp`` (local stdio or the ``--url`` bridge) finds its key. Kept
+free of database and runtime imports so the bridge stays light.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from walkeep.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from walkeep.config import Settings
 
 
 def write_credentials(path: Path, api_key: str, account_id: str, mcp_url: str) -> None:
@@ -47,4 +57,25 @@ def client_configs(mcp_url: str, api_key: str) -> str:
         f"{http_json}\n\n"
         "Claude Desktop or any host that launches a command (stdio):\n"
         f"{stdio_json}\n"
+    )
+
+
+def credentials_path(settings: Settings) -> Path:
+    return settings.data_dir / "credentials.json"
+
+
+def resolve_api_key(settings: Settings, flag: str | None) -> str:
+    if flag:
+        return flag
+    if settings.api_key:
+        return settings.api_key
+    path = credentials_path(settings)
+    if path.exists():
+        try:
+            return str(json.loads(path.read_text())["api_key"])
+        except (ValueError, KeyError) as exc:
+            raise ConfigurationError(f"{path} is not a valid credentials file") from exc
+    raise ConfigurationError(
+        "no API key: pass --api-key, set WALKEEP_API_KEY, or run `walkeep serve` once "
+        f"to create {path}"
     )

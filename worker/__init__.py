@@ -1,4 +1,5 @@
-"""The background worker: APScheduler wiring for the service layer's jobs.
+"""``python -m worker`` from a checkout (the Procfile's worker process).
 
-Holds no business logic: every job is a function in ``walkeep.service``.
+A shim, not packaged: the scheduler wiring lives in ``walkeep.scheduler``; the wheel
+installs only the ``walkeep`` namespace. Installed users run ``walkeep worker``.
 """

@@ -1,5 +1,7 @@
-"""``python -m worker``: run the scheduler in the foreground."""
+"""``python -m worker``: the same as ``walkeep worker [args]``."""
 
-from worker.run import main
+import sys
 
-main()
+from walkeep.cli import main
+
+main(["worker", *sys.argv[1:]])

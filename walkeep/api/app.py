@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
 from walkeep import __version__, metrics
-from walkeep.api.auth import WWW_AUTHENTICATE, BearerAccountMiddleware, KeyCache
+from walkeep.api.auth import BearerAccountMiddleware, KeyCache, challenge, protected_resource_routes
 from walkeep.api.rest import router as rest_router
 from walkeep.db.models import Memory
 from walkeep.errors import Internal, Unauthorized, ValidationError, WalkeepError
@@ -98,6 +98,7 @@ def create_app(
     app.include_router(rest_router)
     _install_ops_routes(app, rt)
     _install_optional_routers(app, rt)
+    app.router.routes.extend(protected_resource_routes(rt.settings.public_url))
     app.router.routes.append(
         Route(
             "/mcp",
@@ -111,7 +112,13 @@ def create_app(
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(WalkeepError)
     async def walkeep_error(_req: Request, exc: WalkeepError) -> JSONResponse:
-        headers = {"WWW-Authenticate": WWW_AUTHENTICATE} if isinstance(exc, Unauthorized) else None
+        url = _req.app.state.runtime.settings.public_url
+        sent = bool(_req.headers.get("authorization"))
+        headers = (
+            {"WWW-Authenticate": challenge(url, token_sent=sent, path="")}
+            if isinstance(exc, Unauthorized)
+            else None
+        )
         return JSONResponse(exc.body(), status_code=exc.http_status, headers=headers)
 
     @app.exception_handler(RequestValidationError)

@@ -3,6 +3,12 @@
 Lookups hit the database (only key hashes are stored); a short-lived cache
 keeps a busy agent from paying that on every call. A revoked key is refused
 within ``CACHE_TTL_SECONDS``.
+
+Discovery: MCP hosts that meet a 401 look for OAuth 2.0 protected-resource metadata
+(RFC 9728). We serve it at ``/.well-known/oauth-protected-resource[/mcp]`` and point
+``WWW-Authenticate`` at it, so a host learns that this resource takes a bearer header.
+It names no authorization server (the field is optional in RFC 9728): keys are issued
+by the operator, not by an OAuth flow, and the 401's message says how to get one.
 """
 
 from __future__ import annotations
@@ -14,6 +20,11 @@ import time
 from collections.abc import Callable
 
 import anyio
+from mcp.server.auth.handlers.metadata import ProtectedResourceMetadataHandler
+from mcp.server.auth.routes import build_resource_metadata_url, cors_middleware
+from mcp.shared.auth import ProtectedResourceMetadata
+from pydantic import AnyHttpUrl
+from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from walkeep.errors import Unauthorized
@@ -22,7 +33,81 @@ from walkeep.service import accounts
 from walkeep.service.runtime import Runtime
 
 CACHE_TTL_SECONDS = 5.0
-WWW_AUTHENTICATE = 'Bearer realm="walkeep", error="invalid_token"'
+KEY_SHAPE = "wk_live_ followed by 43 characters"
+GET_A_KEY = (
+    "`walkeep serve` prints one on first run (also saved in ~/.walkeep/credentials.json); "
+    "`walkeep key create --account NAME` makes another"
+)
+
+
+class ApiKeyResourceMetadata(ProtectedResourceMetadata):
+    """The SDK's RFC 9728 model, minus its required authorization server.
+
+    RFC 9728 §2 makes ``authorization_servers`` optional; the SDK requires one because
+    it assumes OAuth. Naming none tells a host not to start an OAuth flow here.
+    """
+
+    authorization_servers: list[AnyHttpUrl] | None = None  # type: ignore[assignment]
+
+
+def _resource(public_url: str, path: str = "") -> AnyHttpUrl:
+    return AnyHttpUrl(public_url.rstrip("/") + path)
+
+
+def resource_metadata_url(public_url: str, path: str = "/mcp") -> str:
+    """Where the metadata for ``public_url + path`` lives (RFC 9728 §3.1)."""
+    if not path:
+        return public_url.rstrip("/") + "/.well-known/oauth-protected-resource"
+    return str(build_resource_metadata_url(_resource(public_url, path)))
+
+
+def protected_resource_routes(public_url: str) -> list[Route]:
+    """The metadata for the whole service (REST under /v1) and the path-suffixed /mcp one."""
+    routes = []
+    for path in ("", "/mcp"):
+        metadata = ApiKeyResourceMetadata(
+            resource=_resource(public_url, path),
+            bearer_methods_supported=["header"],
+            resource_name="Walkeep",
+            resource_documentation=_resource(public_url, "/docs"),
+        )
+        handler = ProtectedResourceMetadataHandler(metadata)
+        well_known = "/.well-known/oauth-protected-resource" + path
+        routes.append(
+            Route(
+                well_known,
+                endpoint=cors_middleware(handler.handle, ["GET", "OPTIONS"]),
+                methods=["GET", "OPTIONS"],
+            )
+        )
+    return routes
+
+
+def challenge(public_url: str, *, token_sent: bool, path: str = "/mcp") -> str:
+    """``WWW-Authenticate`` for a 401 (RFC 6750 §3; RFC 9728 §5.1 ``resource_metadata``).
+
+    No ``error`` when no credentials came (RFC 6750 §3.1); ``invalid_token`` otherwise.
+    """
+    parts = ['Bearer realm="walkeep"']
+    if token_sent:
+        parts.append('error="invalid_token"')
+    parts.append(f'resource_metadata="{resource_metadata_url(public_url, path)}"')
+    return ", ".join(parts)
+
+
+def unauthorized(public_url: str, *, token_sent: bool, path: str = "/mcp") -> Unauthorized:
+    """A 401 an agent's host can act on, in words its human understands."""
+    what = "this API key was not accepted (unknown or revoked)" if token_sent else "no API key"
+    return Unauthorized(
+        f"{what}. Walkeep needs an API key ({KEY_SHAPE}) in the header "
+        f"`Authorization: Bearer wk_live_…`. Ask the operator of this Walkeep for one: {GET_A_KEY}.",
+        {
+            "header": "Authorization: Bearer wk_live_…",
+            "key_format": KEY_SHAPE,
+            "get_a_key": GET_A_KEY,
+            "resource_metadata": resource_metadata_url(public_url, path),
+        },
+    )
 
 
 class KeyCache:
@@ -83,18 +168,16 @@ class BearerAccountMiddleware:
                 except Unauthorized:
                     caller = None
         if caller is None:
-            body = json.dumps(
-                Unauthorized(
-                    "missing or invalid API key: send Authorization: Bearer wk_live_…"
-                ).body()
-            ).encode()
+            public_url = self.keys.rt.settings.public_url
+            sent = token is not None
+            body = json.dumps(unauthorized(public_url, token_sent=sent).body()).encode()
             await send(
                 {
                     "type": "http.response.start",
                     "status": 401,
                     "headers": [
                         (b"content-type", b"application/json"),
-                        (b"www-authenticate", WWW_AUTHENTICATE.encode()),
+                        (b"www-authenticate", challenge(public_url, token_sent=sent).encode()),
                     ],
                 }
             )

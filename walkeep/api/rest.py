@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from walkeep.api.auth import KeyCache, bearer_token
+from walkeep.api.auth import KeyCache, bearer_token, unauthorized
 from walkeep.errors import Unauthorized
 from walkeep.mcp.server import Caller
 from walkeep.service import balance, export, forget, recall, runway, store
@@ -47,10 +47,14 @@ def runtime(request: Request) -> Runtime:
 
 async def caller(request: Request) -> Caller:
     token = bearer_token(request.headers.get("authorization"))
+    public_url = runtime(request).settings.public_url
     if not token:
-        raise Unauthorized("missing API key: send Authorization: Bearer wk_live_…")
+        raise unauthorized(public_url, token_sent=False, path="")
     keys: KeyCache = request.app.state.keys
-    return await run_in_threadpool(keys.resolve, token)
+    try:
+        return await run_in_threadpool(keys.resolve, token)
+    except Unauthorized:
+        raise unauthorized(public_url, token_sent=True, path="") from None
 
 
 Auth = Annotated[Caller, Depends(caller)]

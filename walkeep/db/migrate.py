@@ -1,22 +1,40 @@
 """Run Alembic migrations from code (CLI, ``walkeep serve``, tests).
 
-The migration scripts live in the top-level ``migrations`` package, which is
-installed with Walkeep, so this works from a wheel as well as from a clone.
+The scripts live in the repository's top-level ``migrations/`` folder. The wheel ships
+that folder as ``walkeep._migrations`` (see setup.py) rather than as a generic
+top-level ``migrations`` package, so this looks there first and falls back to the
+checkout's folder (an editable install or a plain clone on ``sys.path``).
 """
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
 
-import migrations
+from walkeep.errors import ConfigurationError
+
+_CHECKOUT_MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
+
+
+def script_location() -> Path:
+    """The folder holding ``env.py`` and ``versions/``: installed copy, else the checkout's."""
+    spec = importlib.util.find_spec("walkeep._migrations")
+    if spec is not None and spec.origin:
+        return Path(spec.origin).parent
+    if (_CHECKOUT_MIGRATIONS / "env.py").is_file():
+        return _CHECKOUT_MIGRATIONS
+    raise ConfigurationError(
+        "Walkeep's migration scripts are missing: reinstall the package "
+        "(pip install --force-reinstall walkeep)"
+    )
 
 
 def alembic_config(url: str) -> Config:
     cfg = Config()
-    cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    cfg.set_main_option("script_location", str(script_location()))
     # ConfigParser interpolation: a literal % in a password must be doubled.
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     return cfg

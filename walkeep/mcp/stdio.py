@@ -9,9 +9,7 @@ follows MemWal's precedence: explicit argument > ``--namespace`` >
 
 from __future__ import annotations
 
-import json
 import logging
-from pathlib import Path
 
 import anyio
 
@@ -21,30 +19,12 @@ from walkeep.bootstrap import build_runtime
 from walkeep.config import Settings
 from walkeep.errors import ConfigurationError, Unauthorized
 from walkeep.mcp.server import Caller, WalkeepMCP, build_mcp, current_caller, error_result
+from walkeep.onboarding import credentials_path, resolve_api_key
 from walkeep.service.runtime import Runtime
 
+__all__ = ["credentials_path", "resolve_api_key", "run_stdio"]
+
 log = logging.getLogger(__name__)
-
-
-def credentials_path(settings: Settings) -> Path:
-    return settings.data_dir / "credentials.json"
-
-
-def resolve_api_key(settings: Settings, flag: str | None) -> str:
-    if flag:
-        return flag
-    if settings.api_key:
-        return settings.api_key
-    path = credentials_path(settings)
-    if path.exists():
-        try:
-            return str(json.loads(path.read_text())["api_key"])
-        except (ValueError, KeyError) as exc:
-            raise ConfigurationError(f"{path} is not a valid credentials file") from exc
-    raise ConfigurationError(
-        "no API key: pass --api-key, set WALKEEP_API_KEY, or run `walkeep serve` once "
-        f"to create {path}"
-    )
 
 
 def build_stdio_mcp(
@@ -90,7 +70,7 @@ def build_stdio_mcp(
 
 
 def run_stdio(settings: Settings, *, api_key: str | None, namespace: str | None) -> None:
-    logs.setup("WARNING")
+    logs.setup("WARNING", fmt=settings.log_format)
     key = resolve_api_key(settings, api_key)
     rt = build_runtime(settings)
     from walkeep.db import migrate
@@ -111,7 +91,7 @@ def run_stdio(settings: Settings, *, api_key: str | None, namespace: str | None)
 
 def _maybe_in_process_worker(rt):  # type: ignore[no-untyped-def]
     """Run the jobs here too when nothing else does (embedded default, SQLite)."""
-    from worker.jobs import acquire_worker_lock, build_scheduler
+    from walkeep.scheduler.jobs import acquire_worker_lock, build_scheduler
 
     try:
         lock = acquire_worker_lock(rt)

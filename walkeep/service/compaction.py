@@ -180,6 +180,8 @@ def finish(rt: Runtime, landed: list[tuple[str, str, JobStatus]]) -> int:
             if not mark_applied(s, job_id, now):
                 continue  # applied already
             account_id = s.scalar(select(Blob.account_id).where(Blob.id == old_pk))
+            if account_id is None:
+                continue
             new_pk = upsert_blob(
                 s, account_id, st.blob, now, threshold, live=True, patch_count=st.patch_count
             )

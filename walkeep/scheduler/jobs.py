@@ -1,9 +1,11 @@
 """The worker's jobs: APScheduler 3 wiring around service-layer functions.
 
 Each job coalesces missed runs, never runs twice at once in this process
-(``max_instances=1``), has its own interval (``WALKEEP_<JOB>_INTERVAL_SECONDS``),
-logs one structured line per run and records its duration. No business logic
-lives here: every job is a function in ``walkeep.service``.
+(``max_instances=1``), has its own interval (``WALKEEP_<JOB>_INTERVAL_SECONDS``)
+and records its duration. A run logs a line only when it did something (an idle
+worker would otherwise write five lines every interval); a heartbeat line every
+``HEARTBEAT_SECONDS`` says the worker is alive and sums up the quiet runs. No business
+logic lives here: every job is a function in ``walkeep.service``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ from walkeep.service import completion, renew
 from walkeep.service.runtime import Runtime
 
 log = logging.getLogger("walkeep.worker")
+
+HEARTBEAT_SECONDS = 600.0
+# Report fields that describe a backlog rather than work done in this run.
+_STATE_FIELDS = frozenset({"pending", "waiting", "skipped"})
 
 
 def _reconcile_payments(rt: Runtime) -> Any:
@@ -61,13 +67,49 @@ def run_job(rt: Runtime, name: str) -> Any:
     elapsed = time.perf_counter() - started
     metrics.JOB_RUNS.labels(name, "ok").inc()
     metrics.JOB_DURATION.labels(name).observe(elapsed)
-    fields = (
-        dataclasses.asdict(report)
-        if dataclasses.is_dataclass(report) and not isinstance(report, type)
-        else {"result": report}
-    )
-    log.info("job done", extra={"job": name, "seconds": round(elapsed, 4), **fields})
+    fields = report_fields(report)
+    busy = did_work(fields)
+    with _TALLY_LOCK:
+        _TALLY["runs"] += 1
+        _TALLY["busy"] += int(busy)
+    if busy:
+        log.info("job done", extra={"job": name, "seconds": round(elapsed, 4), **fields})
+    else:
+        log.debug("job idle", extra={"job": name, "seconds": round(elapsed, 4)})
     return report
+
+
+def report_fields(report: Any) -> dict[str, Any]:
+    """A job's report as a flat dict (dataclass, pydantic model, or anything else)."""
+    if dataclasses.is_dataclass(report) and not isinstance(report, type):
+        return dataclasses.asdict(report)
+    dump = getattr(report, "model_dump", None)
+    if callable(dump):
+        return dict(dump())
+    return {"result": report}
+
+
+def did_work(fields: dict[str, Any]) -> bool:
+    """True when a run changed something: any non-zero count that is not a backlog gauge.
+
+    A report we cannot read counts as work, so nothing unknown is hidden.
+    """
+    counts = {k: v for k, v in fields.items() if isinstance(v, int) and not isinstance(v, bool)}
+    if not counts:
+        return fields.get("result") is not None
+    return any(v for k, v in counts.items() if k not in _STATE_FIELDS)
+
+
+_TALLY_LOCK = threading.Lock()
+_TALLY = {"runs": 0, "busy": 0}
+
+
+def heartbeat() -> None:
+    """One INFO line per interval: alive, and how many runs were quiet since the last one."""
+    with _TALLY_LOCK:
+        runs, busy = _TALLY["runs"], _TALLY["busy"]
+        _TALLY["runs"] = _TALLY["busy"] = 0
+    log.info("worker alive", extra={"job_runs": runs, "runs_with_work": busy})
 
 
 def _safe(rt: Runtime, name: str) -> Callable[[], None]:
@@ -98,6 +140,7 @@ def build_scheduler(rt: Runtime, *, blocking: bool) -> BaseScheduler:
             name=name,
             next_run_time=datetime.now().astimezone(),
         )
+    sched.add_job(heartbeat, "interval", seconds=HEARTBEAT_SECONDS, id="heartbeat")
     return sched
 
 

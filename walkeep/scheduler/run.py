@@ -1,4 +1,4 @@
-"""``python -m worker`` / ``walkeep worker``: the scheduler in the foreground.
+"""``walkeep worker`` (and ``python -m worker``): the scheduler in the foreground.
 
 SIGTERM/SIGINT stop scheduling new runs and wait for the jobs in hand; the
 renewal and completion loops check the stop flag between batches, so the
@@ -11,8 +11,8 @@ import signal
 import threading
 from types import FrameType
 
+from walkeep.scheduler.jobs import acquire_worker_lock, build_scheduler, log
 from walkeep.service.runtime import Runtime
-from worker.jobs import acquire_worker_lock, build_scheduler, log
 
 
 def run_forever(
@@ -41,11 +41,3 @@ def run_forever(
         if lock is not None:
             lock.release()
         log.info("worker stopped")
-
-
-def main() -> None:
-    import sys
-
-    from walkeep.cli import main as cli_main
-
-    cli_main(["worker", *sys.argv[1:]])

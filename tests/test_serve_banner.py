@@ -1,0 +1,31 @@
+"""`walkeep serve` prints its banner once it is listening, after the start-up logs,
+so a newcomer finds the key and the client configs at the bottom, not between logs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+
+from tests.live_serve import walkeep_serve
+from walkeep import __version__
+
+
+def test_banner_comes_last_with_the_key_and_configs(tmp_path: Path, db_url: str) -> None:
+    with walkeep_serve(tmp_path, db_url) as served:
+        # A request after start-up: the banner was printed before the server answered.
+        assert httpx.get(f"{served.url}/healthz", timeout=10).status_code == 200
+        lines = served.stderr().splitlines()
+    starts = [i for i, line in enumerate(lines) if f"Walkeep {__version__} is up on" in line]
+    assert len(starts) == 1, lines
+    before, banner = lines[: starts[0]], "\n".join(lines[starts[0] :])
+    logs_before = [json.loads(line) for line in before if line.startswith('{"ts"')]
+    assert logs_before, "start-up logs come first"
+    assert not any(line.startswith('{"ts"') for line in lines[starts[0] :]), banner
+    assert f"{served.url}/mcp" in banner
+    assert served.api_key in banner  # first run: the new key…
+    assert "claude mcp add --transport http walkeep" in banner  # …and ready-to-paste configs
+    # The noise that used to bury it is gone.
+    noisy = {"apscheduler.scheduler", "alembic.runtime.migration", "alembic.runtime.plugins"}
+    assert not [r for r in logs_before if r["logger"] in noisy]
