@@ -29,7 +29,7 @@ def test_nice_max_rounds_up_to_a_readable_axis() -> None:
     assert [nice_max(v) for v in (0, -1, 0.4, 1, 7, 12, 23, 180, 999, 1000, 1001)] == [
         1,
         1,
-        1,
+        0.5,
         1,
         10,
         20,
@@ -39,6 +39,7 @@ def test_nice_max_rounds_up_to_a_readable_axis() -> None:
         1000,
         2000,
     ]
+    assert nice_max(0.0062) == 0.01 and nice_max(0.00025) == 0.00025  # tiny WAL amounts
 
 
 def test_line_chart_is_valid_svg_with_a_dashed_projection_and_escaped_labels() -> None:
@@ -81,3 +82,23 @@ def test_bar_chart_heights_are_proportional() -> None:
     plot = charts.HEIGHT - charts.PAD_BOTTOM - charts.PAD_TOP
     assert heights == [0, plot / 2, plot]
     assert ET.fromstring(bar_chart([], title="none")) is not None
+
+
+def test_bar_chart_labels_the_latest_bar_and_counts_get_whole_number_grid_lines() -> None:
+    bars = [(f"d{i}", i % 2) for i in range(10)]
+    root = ET.fromstring(bar_chart(bars, title="counts", label_every=4, integer=True))
+    labels = [t.text for t in root.iter(f"{SVG}text")]
+    assert [x for x in labels if x and x.startswith("d")] == ["d1", "d5", "d9"]
+    assert [x for x in labels if x and not x.startswith("d")] == ["0", "1"]  # no 0.25 … 0.75
+
+
+def test_edge_labels_stay_inside_the_drawing() -> None:
+    svg = line_chart(
+        [Series([(0, 1), (1, 2)], "l", "l")],
+        title="t",
+        x_ticks=[(0, "first"), (0.5, "mid"), (1, "last")],
+        markers=[(0, "now"), (1, "end")],
+    )
+    anchors = {t.text: t.get("text-anchor") for t in ET.fromstring(svg).iter(f"{SVG}text")}
+    assert (anchors["first"], anchors["mid"], anchors["last"]) == ("start", "middle", "end")
+    assert (anchors["now"], anchors["end"]) == ("start", "end")

@@ -404,29 +404,47 @@ def _page_number(request: Request) -> int:
         return 1
 
 
-def balance_chart(view: svc.AccountView) -> str:
-    """History (solid) and projection at current usage (dashed) of the available balance."""
-    hist = [(p.at.timestamp(), p.mc / ledger.MC_PER_CREDIT) for p in view.history]
-    proj = [(p.at.timestamp(), p.mc / ledger.MC_PER_CREDIT) for p in view.projection]
-    series = [
-        charts.Series(hist, "line-history", "balance (credits)"),
-        charts.Series(proj, "line-projection", "projected at current usage", dashed=True),
-    ]
-    xs = [x for x, _ in hist + proj]
-    ticks = []
-    if xs:
-        lo, hi = min(xs), max(xs)
-        for x in (lo, (lo + hi) / 2, hi):
-            ticks.append((x, datetime.fromtimestamp(x, UTC).strftime("%b %d")))
-    markers = [(view.now.timestamp(), "now")]
-    if view.funded_until is not None:
-        markers.append((view.funded_until.timestamp(), "renewals stop"))
+HISTORY_SHARE = 0.4  # of the chart's width, left of "now"
+
+
+def balance_chart(view: svc.AccountView, *, width: int, height: int) -> str:
+    """History (solid) and the projection at current usage (dashed) of the available balance.
+
+    History spans hours to months while the projection can span years, so the x
+    axis is piecewise: history fills the left 40 %, the projection the rest, and
+    "now" is where they meet (ticks carry the real dates).
+    """
+    now = view.now.timestamp()
+    first = view.history[0].at.timestamp() if view.history else now
+    last = view.projection[-1].at.timestamp() if view.projection else now
+    split = HISTORY_SHARE if first < now else 0.0
+
+    def x_of(t: float) -> float:
+        if t <= now:
+            return split * (t - first) / (now - first) if now > first else 0.0
+        return split + (1 - split) * (t - now) / (last - now) if last > now else split
+
+    def day(t: float) -> str:
+        return datetime.fromtimestamp(t, UTC).strftime("%b %d")
+
+    hist = [(x_of(p.at.timestamp()), p.mc / ledger.MC_PER_CREDIT) for p in view.history]
+    proj = [(x_of(p.at.timestamp()), p.mc / ledger.MC_PER_CREDIT) for p in view.projection]
+    ticks = [(0.0, day(first))] if split else []
+    ticks.append((1.0, day(last)))
+    markers = [(split, "now")]
+    if view.funded_until is not None and view.funded_until.timestamp() < last:
+        markers.append((x_of(view.funded_until.timestamp()), "renewals stop"))
     return charts.line_chart(
-        series,
+        [
+            charts.Series(hist, "line-history", "balance (credits)"),
+            charts.Series(proj, "line-projection", "projected at current usage", dashed=True),
+        ],
         title="Balance and projected runway",
         x_ticks=ticks,
         y_format=lambda v: f"{v:g}",
         markers=markers,
+        width=width,
+        height=height,
     )
 
 
@@ -451,7 +469,8 @@ async def _account_response(
         csrf=session.csrf,
         v=view,
         s=view.summary,
-        chart=balance_chart(view),
+        chart=balance_chart(view, width=640, height=220),
+        chart_narrow=balance_chart(view, width=360, height=240),
         statuses=[(str(st), view.summary.by_status.get(st, 0)) for st in svc.STATUS_ORDER],
         request_id="console-" + secrets.token_urlsafe(12),
         stmt_from=today.replace(day=1).isoformat(),
@@ -572,12 +591,17 @@ async def admin_page(request: Request) -> Response:
         [(d.day[5:], d.renewals) for d in view.days],
         title="Renewal transactions per day (UTC)",
         css_class="bar",
+        integer=True,
+        width=420,
+        height=200,
     )
     wal_chart = charts.bar_chart(
         [(d.day[5:], d.wal_frost / 1e9) for d in view.days],
         title="WAL spent on renewals per day (UTC)",
         css_class="bar-wal",
-        y_format=lambda v: f"{v:.4g}",
+        y_format=lambda v: f"{v:.3g}",
+        width=420,
+        height=200,
     )
     return _render(
         rt,

@@ -237,7 +237,7 @@ class AccountView:
     burn_mc_per_epoch: int
     funded_epochs: int | None  # renewals the balance pays for, at current usage
     paid_until: datetime | None  # when the least-runway memory lapses if never renewed again
-    funded_until: datetime | None  # when renewals would stop at current usage
+    funded_until: datetime | None  # when the balance stops paying renewals, at current usage
     history: list[Point]
     projection: list[Point]
     memories: list[MemoryRow]
@@ -260,7 +260,7 @@ def account_view(rt: Runtime, account_id: str, *, page: int = 1) -> AccountView:
     epoch = timedelta(seconds=info.duration_seconds)
     funded = available // burn if burn > 0 else None
     paid_until = now + epoch * min_runway if min_runway is not None else None
-    funded_until = now + epoch * (funded + (min_runway or 0)) if funded is not None else None
+    funded_until = now + epoch * funded if funded is not None else None
 
     with rt.db.read() as s:
         history_rows = s.execute(
