@@ -101,7 +101,10 @@ class Settings(BaseSettings):
     namespace: str | None = None
     # --- operator console (/console) ---------------------------------------------------
     admin_token: str | None = Field(
-        default=None, description="Signs an admin into /console; unset = admins use links only."
+        default=None,
+        min_length=16,
+        description="Signs an admin into /console (16+ characters); unset = admins use "
+        "`walkeep console-link --admin` only.",
     )
     console_secret: str | None = Field(
         default=None,

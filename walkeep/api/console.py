@@ -51,6 +51,16 @@ COOKIE = "walkeep_console"
 SECRET_FILENAME = "console.secret"
 MAX_FORM_BYTES = 16 * 1024
 STATIC = {"console.css": "text/css; charset=utf-8"}
+# Console pages load nothing from elsewhere and run no script; they must not be framed
+# (a framed Top up button could be clickjacked) nor leak one-time links in Referer.
+SECURITY_HEADERS = {
+    "Cache-Control": "no-store",
+    "Content-Security-Policy": "default-src 'self'; script-src 'none'; object-src 'none'; "
+    "base-uri 'none'; frame-ancestors 'none'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
 
 _env = Environment(
     loader=PackageLoader("walkeep.api", "templates"),
@@ -242,7 +252,7 @@ def _render(
         payments=rt.payments.provider,
         **ctx,
     )
-    return HTMLResponse(page, status_code=status_code, headers={"Cache-Control": "no-store"})
+    return HTMLResponse(page, status_code=status_code, headers=SECURITY_HEADERS)
 
 
 def _refused(rt: Runtime, request: Request, exc: _Refused) -> Response:
