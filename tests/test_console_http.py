@@ -161,3 +161,26 @@ def test_secure_cookie_on_https_and_a_private_secret_file(tmp_path: Path) -> Non
 def test_a_weak_admin_token_is_refused_at_startup(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="at least 16"):
         Settings(data_dir=tmp_path, admin_token="short")
+
+
+def test_a_long_statement_streams_in_chunks_and_still_reconciles(
+    live: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from walkeep.service import statements
+
+    monkeypatch.setattr(statements, "STREAM_ROWS", 4)  # many chunks, many cursor fetches
+    a = accounts.create_account(live.rt.db, "busy", credits_mc=1000)
+    for i in range(25):
+        accounts.grant(live.rt.db, a.account_id, 1000 + i, reason=f"grant {i}")
+    day = live.rt.clock.now().date().isoformat()
+    with httpx.Client(base_url=live.url) as c:
+        _login(c, a.api_key)
+        with c.stream("GET", "/console/statement.csv", params={"from": day, "to": day}) as r:
+            assert r.status_code == 200
+            text = "".join(r.iter_text())
+    lines = text.splitlines()
+    assert len(lines) == 1 + 1 + 26 + 1  # header, opening, entries, closing
+    closing = lines[-1].split(",")
+    expected = 1000 + sum(1000 + i for i in range(25))
+    assert closing[1] == "closing" and closing[3] == "reconciled"
+    assert closing[7] == statements.credits_str(expected)

@@ -30,7 +30,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.concurrency import run_in_threadpool
@@ -547,11 +547,12 @@ def _statement_response(rt: Runtime, request: Request, account_id: str) -> Respo
     q = request.query_params
     start = statements.parse_day(q.get("from", ""), "from")
     end = statements.parse_day(q.get("to", ""), "to")
-    st = statements.statement(rt.db, account_id, start, end)
-    name = f"walkeep-statement-{st.account_name}-{start}-{end}.csv"
+    run = statements.open_statement(rt.db, account_id, start, end)
+    name = f"walkeep-statement-{run.account_name}-{start}-{end}.csv"
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-    return Response(
-        statements.to_csv(st),
+    # Streamed: a busy account's year is many thousands of rows.
+    return StreamingResponse(
+        statements.csv_chunks(rt.db, run),
         media_type="text/csv; charset=utf-8",
         headers={"Content-Disposition": f'attachment; filename="{safe}"'},
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
@@ -25,6 +26,7 @@ from walkeep.errors import NotFound, ValidationError
 from walkeep.ledger import CREDIT_KINDS, Kind
 
 MAX_DAYS = 366 * 5
+STREAM_ROWS = 1000  # rows fetched (and CSV lines sent) at a time
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +105,31 @@ def period(start: date, end: date) -> tuple[datetime, datetime]:
     return lo, hi
 
 
-def statement(db: Database, account_id: str, start: date, end: date) -> Statement:
-    lo, hi = period(start, end)
+@dataclass
+class StatementRun:
+    """A statement being produced: the opening is known up front, the closing figures
+    accumulate as lines stream past (so a year of a busy account never sits in memory)."""
+
+    account_id: str
+    account_name: str
+    start: date
+    end: date
+    opening_balance_mc: int
+    opening_held_mc: int
+    closing_balance_mc: int
+    closing_held_mc: int
+    totals_by_kind: dict[str, int]
+    reconciled: bool = True
+    lines: int = 0
+
+    @property
+    def net_change_mc(self) -> int:
+        return self.closing_balance_mc - self.opening_balance_mc
+
+
+def open_statement(db: Database, account_id: str, start: date, end: date) -> StatementRun:
+    """Validate the period and the account; read the opening balance."""
+    lo, _ = period(start, end)
     with db.read() as s:
         name = s.scalar(select(Account.name).where(Account.id == account_id))
         if name is None:
@@ -115,47 +140,65 @@ def statement(db: Database, account_id: str, start: date, end: date) -> Statemen
             .order_by(LedgerEntry.id.desc())
             .limit(1)
         ).one_or_none()
-        rows = s.scalars(
-            select(LedgerEntry)
-            .where(
-                LedgerEntry.account_id == account_id,
-                LedgerEntry.created_at >= lo,
-                LedgerEntry.created_at < hi,
-            )
-            .order_by(LedgerEntry.id)
-        ).all()
-        lines_src = [
-            (r.created_at, r.kind, r.ref, r.memo, r.amount_mc, r.balance_after_mc, r.held_after_mc)
-            for r in rows
-        ]
-    opening_bal, opening_held = (int(before[0]), int(before[1])) if before else (0, 0)
-    bal, held = opening_bal, opening_held
-    reconciled = True
-    lines: list[StatementLine] = []
-    totals: dict[str, int] = {}
-    for at, kind, ref, memo, amount, bal_after, held_after in lines_src:
-        d_bal, d_held = effects(kind, int(amount))
-        bal += d_bal
-        held += d_held
-        if bal != bal_after or held != held_after:
-            reconciled = False
-            bal, held = int(bal_after), int(held_after)  # follow the ledger, flag the gap
-        totals[kind] = totals.get(kind, 0) + d_bal
-        lines.append(
-            StatementLine(at, kind, ref, memo, int(amount), d_bal, d_held, bal_after, held_after)
+    bal, held = (int(before[0]), int(before[1])) if before else (0, 0)
+    return StatementRun(account_id, name, start, end, bal, held, bal, held, {})
+
+
+def iter_lines(db: Database, run: StatementRun) -> Iterator[StatementLine]:
+    """The period's entries in ledger order, each checked against the ledger's own
+    ``balance_after_mc``/``held_after_mc``; updates ``run``'s closing figures as it goes."""
+    lo, hi = period(run.start, run.end)
+    cols = (
+        LedgerEntry.created_at,
+        LedgerEntry.kind,
+        LedgerEntry.ref,
+        LedgerEntry.memo,
+        LedgerEntry.amount_mc,
+        LedgerEntry.balance_after_mc,
+        LedgerEntry.held_after_mc,
+    )
+    query = (
+        select(*cols)
+        .where(
+            LedgerEntry.account_id == run.account_id,
+            LedgerEntry.created_at >= lo,
+            LedgerEntry.created_at < hi,
         )
+        .order_by(LedgerEntry.id)
+        .execution_options(yield_per=STREAM_ROWS)
+    )
+    with db.read() as s:
+        for at, kind, ref, memo, amount, bal_after, held_after in s.execute(query):
+            d_bal, d_held = effects(kind, int(amount))
+            bal = run.closing_balance_mc + d_bal
+            held = run.closing_held_mc + d_held
+            if bal != bal_after or held != held_after:
+                run.reconciled = False  # follow the ledger, flag the gap
+                bal, held = int(bal_after), int(held_after)
+            run.closing_balance_mc, run.closing_held_mc = bal, held
+            run.totals_by_kind[kind] = run.totals_by_kind.get(kind, 0) + d_bal
+            run.lines += 1
+            yield StatementLine(
+                at, kind, ref, memo, int(amount), d_bal, d_held, int(bal_after), int(held_after)
+            )
+
+
+def statement(db: Database, account_id: str, start: date, end: date) -> Statement:
+    """The whole statement in memory (CLI text output and tests)."""
+    run = open_statement(db, account_id, start, end)
+    lines = list(iter_lines(db, run))
     return Statement(
-        account_id=account_id,
-        account_name=name,
-        start=start,
-        end=end,
-        opening_balance_mc=opening_bal,
-        opening_held_mc=opening_held,
-        closing_balance_mc=bal,
-        closing_held_mc=held,
+        account_id=run.account_id,
+        account_name=run.account_name,
+        start=run.start,
+        end=run.end,
+        opening_balance_mc=run.opening_balance_mc,
+        opening_held_mc=run.opening_held_mc,
+        closing_balance_mc=run.closing_balance_mc,
+        closing_held_mc=run.closing_held_mc,
         lines=lines,
-        totals_by_kind=totals,
-        reconciled=reconciled,
+        totals_by_kind=dict(run.totals_by_kind),
+        reconciled=run.reconciled,
     )
 
 
@@ -185,53 +228,67 @@ def _cell(text: str) -> str:
     return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
 
 
-def to_csv(st: Statement) -> str:
-    """One row per entry, framed by opening and closing rows, so a spreadsheet can
-    check that the opening balance plus the changes equals the closing balance."""
+def _row(values: list[str]) -> str:
     buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(CSV_HEADER)
-    w.writerow(
+    csv.writer(buf, lineterminator="\n").writerow(values)
+    return buf.getvalue()
+
+
+def csv_chunks(db: Database, run: StatementRun) -> Iterator[str]:
+    """The statement as CSV, streamed: one row per entry, framed by opening and closing
+    rows, so a spreadsheet can check that opening + changes = closing."""
+    yield _row(CSV_HEADER)
+    yield _row(
         [
-            f"{st.start.isoformat()}T00:00:00+00:00",
+            f"{run.start.isoformat()}T00:00:00+00:00",
             "opening",
             "",
-            _cell(f"statement {st.account_name} ({st.account_id}) {st.start} to {st.end}"),
+            _cell(f"statement {run.account_name} ({run.account_id}) {run.start} to {run.end}"),
             "",
             "",
             "",
-            credits_str(st.opening_balance_mc),
-            credits_str(st.opening_held_mc),
-            credits_str(st.opening_balance_mc - st.opening_held_mc),
+            credits_str(run.opening_balance_mc),
+            credits_str(run.opening_held_mc),
+            credits_str(run.opening_balance_mc - run.opening_held_mc),
         ]
     )
-    for line in st.lines:
-        w.writerow(
-            [
-                line.at.astimezone(UTC).isoformat(),
-                line.kind,
-                _cell(line.ref),
-                _cell(line.memo or ""),
-                credits_str(line.amount_mc),
-                credits_str(line.balance_effect_mc, signed=True),
-                credits_str(line.held_effect_mc, signed=True),
-                credits_str(line.balance_after_mc),
-                credits_str(line.held_after_mc),
-                credits_str(line.available_after_mc),
-            ]
+    batch: list[str] = []
+    for line in iter_lines(db, run):
+        batch.append(
+            _row(
+                [
+                    line.at.astimezone(UTC).isoformat(),
+                    line.kind,
+                    _cell(line.ref),
+                    _cell(line.memo or ""),
+                    credits_str(line.amount_mc),
+                    credits_str(line.balance_effect_mc, signed=True),
+                    credits_str(line.held_effect_mc, signed=True),
+                    credits_str(line.balance_after_mc),
+                    credits_str(line.held_after_mc),
+                    credits_str(line.available_after_mc),
+                ]
+            )
         )
-    w.writerow(
+        if len(batch) >= STREAM_ROWS:
+            yield "".join(batch)
+            batch = []
+    yield "".join(batch)
+    yield _row(
         [
-            f"{(st.end + timedelta(days=1)).isoformat()}T00:00:00+00:00",
+            f"{(run.end + timedelta(days=1)).isoformat()}T00:00:00+00:00",
             "closing",
             "",
-            "reconciled" if st.reconciled else "NOT RECONCILED: the ledger has a gap",
+            "reconciled" if run.reconciled else "NOT RECONCILED: the ledger has a gap",
             "",
-            credits_str(st.net_change_mc, signed=True),
-            credits_str(st.closing_held_mc - st.opening_held_mc, signed=True),
-            credits_str(st.closing_balance_mc),
-            credits_str(st.closing_held_mc),
-            credits_str(st.closing_balance_mc - st.closing_held_mc),
+            credits_str(run.net_change_mc, signed=True),
+            credits_str(run.closing_held_mc - run.opening_held_mc, signed=True),
+            credits_str(run.closing_balance_mc),
+            credits_str(run.closing_held_mc),
+            credits_str(run.closing_balance_mc - run.closing_held_mc),
         ]
     )
-    return buf.getvalue()
+
+
+def to_csv(db: Database, account_id: str, start: date, end: date) -> str:
+    return "".join(csv_chunks(db, open_statement(db, account_id, start, end)))
