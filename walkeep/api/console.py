@@ -434,8 +434,10 @@ def balance_chart(view: svc.AccountView, *, width: int, height: int) -> str:
             return split * (t - first) / (now - first) if now > first else 0.0
         return split + (1 - split) * (t - now) / (last - now) if last > now else split
 
+    fmt = "%b %d" if last - first > 2 * 86400 else "%b %d %H:%M"
+
     def day(t: float) -> str:
-        return datetime.fromtimestamp(t, UTC).strftime("%b %d")
+        return datetime.fromtimestamp(t, UTC).strftime(fmt)
 
     hist = [(x_of(p.at.timestamp()), p.mc / ledger.MC_PER_CREDIT) for p in view.history]
     proj = [(x_of(p.at.timestamp()), p.mc / ledger.MC_PER_CREDIT) for p in view.projection]
