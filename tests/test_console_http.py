@@ -134,6 +134,11 @@ def test_access_rules_between_operators_and_admins(live: Server) -> None:
         out = admin.post("/console/logout", data={"csrf": csrf})
         assert out.status_code == 303 and f'{COOKIE}=""' in out.headers["set-cookie"]
         assert admin.get("/console/admin").headers["location"] == "/console/login"
+        # Rotating the admin token ends sessions opened with the old one.
+        _login(admin, ADMIN)
+        assert admin.get("/console/admin").status_code == 200
+        live.rt.settings.admin_token = ADMIN + "-rotated"
+        assert admin.get("/console/admin").headers["location"] == "/console/login"
 
 
 def test_secure_cookie_on_https_and_a_private_secret_file(tmp_path: Path) -> None:

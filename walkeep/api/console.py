@@ -18,6 +18,7 @@ that key is revoked; every session ends with its account being disabled.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import hmac
 import logging
 import os
@@ -182,6 +183,11 @@ def _clear_session(rt: Runtime, response: Response) -> None:
     )
 
 
+def _token_tag(token: str) -> str:
+    """A non-secret tag of the admin token kept in admin sessions (to notice rotation)."""
+    return hashlib.sha256(b"walkeep-console-admin\x00" + token.encode()).hexdigest()[:32]
+
+
 def _new_csrf() -> str:
     return secrets.token_urlsafe(24)
 
@@ -229,6 +235,11 @@ async def _signed_in(rt: Runtime, request: Request, role: str | None = None) -> 
         )
         if not ok:
             raise _Refused(401, "Signed out", "Your session ended: the key was revoked.")
+    if session.role == "admin" and session.key_id is not None:
+        # Opened with the admin token: rotating WALKEEP_ADMIN_TOKEN ends it.
+        token = rt.settings.admin_token
+        if not token or not hmac.compare_digest(session.key_id, _token_tag(token)):
+            raise _Refused(401, "Signed out", "Your session ended: the admin token changed.")
     if role is not None and session.role != role:
         raise _Refused(403, "Not allowed", "This page is for another kind of console user.")
     return session
@@ -331,7 +342,7 @@ async def login(request: Request) -> Response:
     admin_token = rt.settings.admin_token
     session: Session | None = None
     if admin_token and credential and hmac.compare_digest(credential, admin_token):
-        session = Session(role="admin", csrf=_new_csrf())
+        session = Session(role="admin", csrf=_new_csrf(), key_id=_token_tag(admin_token))
     elif credential:
         try:
             principal = await run_in_threadpool(accounts.authenticate, rt.db, credential)
