@@ -23,6 +23,7 @@ import hmac
 import logging
 import os
 import secrets
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
@@ -135,10 +136,11 @@ def load_console_secret(settings: Settings) -> str:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-    for _ in range(100):
+    for _ in range(200):  # a concurrent creator may be between open() and write()
         text = path.read_text(encoding="ascii").strip()
         if text:
             return text
+        time.sleep(0.01)
     raise Internal(f"console secret file {path} is empty")
 
 

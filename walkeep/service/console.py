@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import func, select, update
@@ -245,7 +245,7 @@ class AccountView:
     pages: int
     renewals: list[RenewalRow]
     topups: list[TopUpRow]
-    now: datetime = field(default_factory=lambda: datetime.now(UTC))
+    now: datetime
 
 
 def account_view(rt: Runtime, account_id: str, *, page: int = 1) -> AccountView:
