@@ -584,6 +584,106 @@ def tidy_help(command: Any, parent: Any = None) -> None:
         tidy_help(sub, ctx)
 
 
+# --- console, account list, statements (issue 12) --------------------------------------------
+
+
+@account_app.command("list")
+def account_list(as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False) -> None:
+    """Every account with balance, memories, paused count and least runway, worst first."""
+    from walkeep import ledger
+    from walkeep.bootstrap import build_runtime
+    from walkeep.service import console
+
+    settings = _settings()
+    open_db(settings).dispose()
+    rt = build_runtime(settings, with_completer=False)
+    rows = console.account_summaries(rt)
+    if as_json:
+        typer.echo(json.dumps([r.to_json() for r in rows]))
+        return
+    if not rows:
+        typer.echo("no accounts yet: walkeep account create NAME")
+        return
+    header = (
+        f"{'ACCOUNT':<24} {'BALANCE':>12} {'MEMORIES':>8} {'PAUSED':>6} {'RUNWAY':>7}  LAST RENEWAL"
+    )
+    typer.echo(header)
+    for r in rows:
+        runway = "-" if r.min_runway_epochs is None else str(r.min_runway_epochs)
+        last = r.last_renewal_at.strftime("%Y-%m-%d %H:%M") if r.last_renewal_at else "-"
+        name = r.name if len(r.name) <= 24 else r.name[:23] + "…"
+        typer.echo(
+            f"{name:<24} {'$' + ledger.mc_to_usd_str(r.available_mc):>12} {r.memories:>8} "
+            f"{r.paused:>6} {runway:>7}  {last}"
+        )
+
+
+@app.command()
+def statement(
+    account: Annotated[str, typer.Option("--account", help="Account id or name.")],
+    start: Annotated[str, typer.Option("--from", help="First UTC day, YYYY-MM-DD.")],
+    end: Annotated[str, typer.Option("--to", help="Last UTC day (inclusive), YYYY-MM-DD.")],
+    as_csv: Annotated[bool, typer.Option("--csv", help="CSV on stdout.")] = False,
+) -> None:
+    """Every ledger entry of a period with its running balance; totals reconcile."""
+    from walkeep.service import statements
+
+    first = statements.parse_day(start, "--from")
+    last = statements.parse_day(end, "--to")
+    db = open_db()
+    account_id = _resolve_account(db, account)
+    if as_csv:
+        run = statements.open_statement(db, account_id, first, last)
+        for chunk in statements.csv_chunks(db, run):
+            sys.stdout.write(chunk)
+        sys.stdout.flush()
+        if not run.reconciled:
+            raise CliError("the ledger does not reconcile over this period (see the closing row)")
+        return
+    st = statements.statement(db, account_id, first, last)
+    cr = statements.credits_str
+    typer.echo(f"Statement for {st.account_name} ({st.account_id}), {st.start} to {st.end} (UTC)")
+    typer.echo(f"{'opening balance':<40} {cr(st.opening_balance_mc):>14}")
+    for line in st.lines:
+        typer.echo(
+            f"{line.at.strftime('%Y-%m-%d %H:%M:%S')} {line.kind:<9} "
+            f"{cr(line.balance_effect_mc, signed=True):>12} {cr(line.balance_after_mc):>14}  "
+            f"{line.ref}"
+        )
+    for kind, total in sorted(st.totals_by_kind.items()):
+        typer.echo(f"{'total ' + kind:<40} {cr(total, signed=True):>14}")
+    typer.echo(f"{'closing balance':<40} {cr(st.closing_balance_mc):>14}")
+    if not st.reconciled:
+        raise CliError("the ledger does not reconcile over this period (see the closing row)")
+
+
+@app.command("console-link")
+def console_link(
+    account: Annotated[
+        str | None, typer.Option("--account", help="Sign in as this account's operator.")
+    ] = None,
+    admin: Annotated[bool, typer.Option("--admin", help="Sign in as an admin.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+) -> None:
+    """Print a one-time console sign-in link (single use, expires in 15 minutes)."""
+    from walkeep.service import console
+
+    if admin == (account is not None):
+        raise CliError("give either --account NAME or --admin")
+    settings = _settings()
+    db = open_db(settings)
+    account_id = None if admin else _resolve_account(db, account or "")
+    token, expires = console.create_console_link(
+        db, account_id, minutes=settings.console_link_minutes
+    )
+    url = f"{settings.public_url.rstrip('/')}/console/link/{token}"
+    _emit(
+        {"url": url, "expires_at": expires.isoformat(), "admin": admin, "account_id": account_id},
+        as_json,
+        f"{url}\n(single use; expires {expires.strftime('%Y-%m-%d %H:%M')} UTC)",
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the app, turn every expected failure into one line."""
     try:

@@ -126,6 +126,21 @@ class Settings(BaseSettings):
         default="info", description="Log level for `walkeep serve` and `walkeep worker`."
     )
 
+    # --- operator console (/console) ---------------------------------------------------
+    admin_token: str | None = Field(
+        default=None,
+        min_length=16,
+        description="Signs an admin into /console (16+ characters); unset = admins use "
+        "`walkeep console-link --admin` only.",
+    )
+    console_secret: str | None = Field(
+        default=None,
+        description="Signs console session cookies; default: <data_dir>/console.secret (0600). "
+        "Give every web process the same one.",
+    )
+    console_link_minutes: int = Field(default=15, ge=1, le=1440)
+    console_session_hours: int = Field(default=12, ge=1, le=24 * 30)
+
     # --- payments (Stripe's own variable names are honoured) ---------------------------
     stripe_secret_key: str | None = Field(
         default=None,

@@ -8,7 +8,6 @@ lifespan so tests and ``walkeep serve`` behave the same.
 from __future__ import annotations
 
 import contextlib
-import html
 import logging
 from collections.abc import AsyncIterator, Callable
 from urllib.parse import urlsplit
@@ -16,7 +15,7 @@ from urllib.parse import urlsplit
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import JSONResponse, Response
 from mcp.server.transport_security import TransportSecuritySettings
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -166,20 +165,6 @@ def _install_ops_routes(app: FastAPI, rt: Runtime) -> None:
             metrics.WRITES_IN_FLIGHT.set(rt.completer.pending())
         return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    async def home() -> str:
-        base = html.escape(rt.settings.public_url.rstrip("/"))
-        return f"""<!doctype html><html><head><meta charset="utf-8"><title>Walkeep</title>
-<style>body{{font-family:system-ui,sans-serif;max-width:46rem;margin:3rem auto;line-height:1.5}}
-code{{background:#f3f3f3;padding:.1rem .3rem}}</style></head><body>
-<h1>Walkeep {html.escape(__version__)}</h1>
-<p>Durable, prepaid memory for AI agents on Walrus. Network: <b>{html.escape(rt.chain.network)}</b>,
-storage: <b>{html.escape(rt.relayer.name)}</b>, payments: <b>{html.escape(rt.payments.provider)}</b>.</p>
-<ul><li>MCP endpoint: <code>{base}/mcp</code> (Authorization: Bearer wk_live_…)</li>
-<li>REST mirror and OpenAPI: <a href="/docs">/docs</a></li>
-<li>Readiness: <a href="/readyz">/readyz</a> · Metrics: <a href="/metrics">/metrics</a></li></ul>
-</body></html>"""
-
 
 def readiness(rt: Runtime) -> dict[str, object]:
     checks: dict[str, dict[str, object]] = {}
@@ -235,10 +220,13 @@ def readiness(rt: Runtime) -> dict[str, object]:
 
 
 def _install_optional_routers(app: FastAPI, rt: Runtime) -> None:
-    """Payments pages/webhooks always; the local explorer when on the local network."""
+    """Payments pages/webhooks and the console (with ``/``) always; the local explorer
+    when on the local network."""
+    from walkeep.api.console import router as console_router
     from walkeep.api.payments import router as payments_router
 
     app.include_router(payments_router)
+    app.include_router(console_router)
     network = rt.extras.get("localnet")
     if network is not None:
         from walkeep.backends.localnet.explorer import make_explorer_router

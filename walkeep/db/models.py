@@ -391,14 +391,54 @@ class DataKey(Base):
     created_at: Mapped[datetime]
 
 
+class ConsoleLink(Base):
+    """A one-time console sign-in link (``walkeep console-link``).
+
+    Only the SHA-256 of the token is kept, so a leaked database does not leak
+    working links. ``account_id`` NULL means an admin link. A link is spent
+    by setting ``used_at`` with a conditional UPDATE, so it signs in once even
+    if two browsers race.
+    """
+
+    __tablename__ = "console_links"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    account_id: Mapped[str | None] = mapped_column(ForeignKey("accounts.id"))
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
+    used_at: Mapped[datetime | None]
+
+
+class JobRun(Base):
+    """The latest run of each worker job, upserted by ``walkeep/scheduler/jobs.py``.
+
+    The console runs in the web process and cannot see the worker's memory or
+    metrics; this row is how an admin learns that renewals actually run.
+    """
+
+    __tablename__ = "job_runs"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    worker: Mapped[str | None] = mapped_column(String(100))
+    started_at: Mapped[datetime]
+    finished_at: Mapped[datetime]
+    ok: Mapped[bool]
+    duration_ms: Mapped[int] = mapped_column(Integer)
+    summary: Mapped[str | None] = mapped_column(String(1000))
+    last_ok_at: Mapped[datetime | None]
+
+
 __all__ = [
     "Account",
     "ApiKey",
     "Base",
     "Blob",
     "CheckoutSession",
+    "ConsoleLink",
     "DataKey",
     "Embedding",
+    "JobRun",
     "LedgerEntry",
     "Memory",
     "Renewal",

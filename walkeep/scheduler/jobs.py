@@ -28,7 +28,7 @@ from apscheduler.schedulers.blocking import BlockingScheduler
 
 from walkeep import metrics
 from walkeep.errors import ConfigurationError
-from walkeep.service import completion, renew
+from walkeep.service import completion, console, renew
 from walkeep.service.runtime import Runtime
 
 log = logging.getLogger("walkeep.worker")
@@ -58,11 +58,13 @@ def run_job(rt: Runtime, name: str) -> Any:
     """Run one job now, with logging and metrics (also used by tests and the CLI)."""
     fn, _ = JOBS[name]
     started = time.perf_counter()
+    started_at = rt.clock.now()
     try:
         report = fn(rt)
-    except Exception:
+    except Exception as exc:
         metrics.JOB_RUNS.labels(name, "error").inc()
         log.exception("job failed", extra={"job": name})
+        _record_run(rt, name, started_at, started, ok=False, summary=f"{type(exc).__name__}")
         raise
     elapsed = time.perf_counter() - started
     metrics.JOB_RUNS.labels(name, "ok").inc()
@@ -76,6 +78,7 @@ def run_job(rt: Runtime, name: str) -> Any:
         log.info("job done", extra={"job": name, "seconds": round(elapsed, 4), **fields})
     else:
         log.debug("job idle", extra={"job": name, "seconds": round(elapsed, 4)})
+    _record_run(rt, name, started_at, started, ok=True, summary=_summary(fields))
     return report
 
 
@@ -110,6 +113,31 @@ def heartbeat() -> None:
         runs, busy = _TALLY["runs"], _TALLY["busy"]
         _TALLY["runs"] = _TALLY["busy"] = 0
     log.info("worker alive", extra={"job_runs": runs, "runs_with_work": busy})
+
+
+def _summary(fields: dict[str, Any]) -> str:
+    """The report's scalar figures, for the admin console (lists are left out)."""
+    return ", ".join(
+        f"{k}={v}" for k, v in fields.items() if isinstance(v, int | float | str | bool)
+    )
+
+
+def _record_run(
+    rt: Runtime, name: str, started_at: datetime, t0: float, *, ok: bool, summary: str
+) -> None:
+    """Upsert the job's last run where the web console can read it; never fail the job."""
+    try:
+        console.record_job_run(
+            rt.db,
+            name,
+            started_at=started_at,
+            duration_ms=int((time.perf_counter() - t0) * 1000),
+            ok=ok,
+            summary=summary,
+            worker=renew.worker_name(),
+        )
+    except Exception:
+        log.warning("could not record the job run", exc_info=True, extra={"job": name})
 
 
 def _safe(rt: Runtime, name: str) -> Callable[[], None]:

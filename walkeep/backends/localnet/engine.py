@@ -450,6 +450,19 @@ class ObjectExtension:
     new_end_epoch: int
 
 
+@dataclass(frozen=True, slots=True)
+class AddressTx:
+    """One renewal transaction in an address's history (the explorer's address page)."""
+
+    seq: int
+    digest: str
+    status: str
+    epoch: int
+    timestamp: datetime
+    blobs: int
+    wal_cost_frost: int
+
+
 _OBJECT_COLS = (
     "object_id, blob_id, owner, size, storage_size, storage_id, registered_epoch, "
     "certified_epoch, start_epoch, end_epoch, deletable, version, created_tx, last_tx"
@@ -476,6 +489,7 @@ CREATE TABLE IF NOT EXISTS transactions (
     sender TEXT NOT NULL, epoch INTEGER NOT NULL, timestamp_us INTEGER NOT NULL,
     tx_bytes BLOB NOT NULL, effects TEXT NOT NULL, wal_cost_frost INTEGER NOT NULL,
     gas_used INTEGER NOT NULL, status TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS transactions_by_sender ON transactions (sender, kind, seq);
 CREATE TABLE IF NOT EXISTS extensions (
     tx_seq INTEGER NOT NULL, idx INTEGER NOT NULL, obj_seq INTEGER NOT NULL,
     epochs INTEGER NOT NULL, old_end_epoch INTEGER NOT NULL, new_end_epoch INTEGER NOT NULL,
@@ -1377,3 +1391,44 @@ class LocalNetwork(QuiltStoreMixin):
         self._chain_op()
         rec = self.transaction_record(digest)
         return rec.to_effects() if rec else None
+
+    # --- addresses (the explorer's address page) -------------------------------------------
+
+    def address_renewals(
+        self, address: str, *, limit: int, before_seq: int | None = None
+    ) -> list[AddressTx]:
+        """``address``'s extend_blob transactions, newest first, ``limit`` at a time
+        (keyset paging on the transaction sequence: pass the last ``seq`` as ``before_seq``)."""
+        try:
+            sender = normalize_address(address)
+        except ValueError:
+            return []
+        rows = (
+            self._conn()
+            .execute(
+                "SELECT t.seq, t.digest, t.status, t.epoch, t.timestamp_us, "
+                "(SELECT count(*) FROM extensions e WHERE e.tx_seq = t.seq), t.wal_cost_frost "
+                "FROM transactions t WHERE t.sender = ? AND t.kind = 'extend' AND t.seq < ? "
+                "ORDER BY t.seq DESC LIMIT ?",
+                (sender, before_seq if before_seq is not None else 1 << 62, limit),
+            )
+            .fetchall()
+        )
+        return [AddressTx(r[0], r[1], r[2], r[3], _dt(r[4]), r[5], r[6]) for r in rows]
+
+    def address_objects(self, address: str, *, limit: int, after: str = "") -> list[ObjectRecord]:
+        """Blob objects ``address`` owns, by object id, ``limit`` at a time after ``after``."""
+        try:
+            owner = normalize_address(address)
+        except ValueError:
+            return []
+        rows = (
+            self._conn()
+            .execute(
+                f"SELECT {_OBJECT_COLS} FROM objects WHERE owner = ? AND object_id > ? "
+                "ORDER BY object_id LIMIT ?",
+                (owner, after, limit),
+            )
+            .fetchall()
+        )
+        return [_object_from_row(r) for r in rows]

@@ -24,10 +24,12 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from walkeep.backends.localnet.engine import (
     BLOB_TYPE,
     NETWORK,
+    AddressTx,
     LocalNetwork,
     ObjectRecord,
     TxRecord,
     blob_id_to_u256,
+    normalize_address,
 )
 
 FROST_PER_WAL = 1_000_000_000
@@ -115,7 +117,9 @@ th,td{text-align:left;padding:.45em .7em;border-bottom:1px solid #e3e6eb;vertica
 th{width:14em;color:#555;font-weight:600}
 code{font-family:ui-monospace,monospace;font-size:.92em;word-break:break-all}
 .ok{color:#0a7d32;font-weight:700}.bad{color:#b00020;font-weight:700}
-h1{font-size:1.3em}h2{font-size:1.05em;margin-top:1.4em}
+h1{font-size:1.3em;overflow-wrap:anywhere}h2{font-size:1.05em;margin-top:1.4em}
+table.list th{width:auto}
+.pager{margin:-.8em 0 1.4em}
 """
 
 
@@ -143,6 +147,10 @@ def _obj_link(oid: str) -> str:
     return f"<a href='/explorer/object/{_e(oid)}'><code>{_e(oid)}</code></a>"
 
 
+def _addr_link(address: str) -> str:
+    return f"<a href='/explorer/address/{_e(address)}'><code>{_e(address)}</code></a>"
+
+
 def _tx_link(digest: str) -> str:
     return f"<a href='/explorer/tx/{_e(digest)}'><code>{_e(digest)}</code></a>"
 
@@ -155,7 +163,7 @@ def tx_html(rec: TxRecord) -> HTMLResponse:
             ("Digest", f"<code>{_e(rec.digest)}</code>"),
             ("Status", f"<span class='{status_cls}'>{_e(rec.status)}</span>"),
             ("Kind", _e(rec.kind)),
-            ("Sender", f"<code>{_e(rec.sender)}</code>"),
+            ("Sender", _addr_link(rec.sender)),
             ("Walrus epoch", _e(rec.epoch)),
             ("Time", _e(rec.timestamp.isoformat())),
             ("Checkpoint", _e(rec.checkpoint)),
@@ -207,7 +215,7 @@ def object_html(data: dict[str, Any]) -> HTMLResponse:
             ),
             ("Blob id", f"<code>{_e(data['blob_id'])}</code>"),
             ("Blob id (u256)", f"<code>{_e(data['blob_id_u256'])}</code>"),
-            ("Owner", f"<code>{_e(data['owner'])}</code>"),
+            ("Owner", _addr_link(data["owner"])),
             ("Size", f"{_e(data['size'])} bytes"),
             ("Storage size", f"{_e(data['storage_size'])} encoded bytes"),
             ("Registered epoch", _e(data["registered_epoch"])),
@@ -242,6 +250,101 @@ def object_html(data: dict[str, Any]) -> HTMLResponse:
     return _page(f"object {data['object_id']}", body)
 
 
+ADDRESS_PAGE = 20
+
+
+def address_json(
+    address: str,
+    current_epoch: int,
+    txs: list[AddressTx],
+    objects: list[ObjectRecord],
+    *,
+    next_tx: int | None,
+    next_obj: str | None,
+) -> dict[str, Any]:
+    return {
+        "network": NETWORK,
+        "address": address,
+        "current_epoch": current_epoch,
+        "renewals": [
+            {
+                "digest": t.digest,
+                "status": t.status,
+                "epoch": t.epoch,
+                "timestamp": t.timestamp.isoformat(),
+                "blobs": t.blobs,
+                "wal_cost_frost": t.wal_cost_frost,
+            }
+            for t in txs
+        ],
+        "renewals_next": next_tx,
+        "objects": [
+            {
+                "object_id": o.object_id,
+                "blob_id": o.blob_id,
+                "size": o.size,
+                "end_epoch": o.end_epoch,
+                "status": "live" if current_epoch < o.end_epoch else "lapsed",
+            }
+            for o in objects
+        ],
+        "objects_next": next_obj,
+    }
+
+
+def address_html(data: dict[str, Any], here: str) -> HTMLResponse:
+    """The wallet's renewal transactions and Blob objects, each list paged on its own."""
+    addr = data["address"]
+    if data["renewals"]:
+        rows = "".join(
+            f"<tr><td>{_tx_link(t['digest'])}</td><td>{_e(t['status'])}</td>"
+            f"<td>{_e(t['epoch'])}</td><td>{_e(t['timestamp'])}</td><td>{_e(t['blobs'])}</td>"
+            f"<td>{_e(_wal(t['wal_cost_frost']))}</td></tr>"
+            for t in data["renewals"]
+        )
+        txs = (
+            "<table class='list'><tr><th>Transaction</th><th>Status</th><th>Epoch</th>"
+            f"<th>Time</th><th>Blobs</th><th>WAL</th></tr>{rows}</table>"
+        )
+    else:
+        txs = "<p>No renewal transactions from this address.</p>"
+    if data["renewals_next"] is not None:
+        txs += (
+            f"<p class='pager'><a href='{_e(here)}?tx_before={_e(data['renewals_next'])}'>"
+            "Older renewals →</a></p>"
+        )
+    if data["objects"]:
+        rows = "".join(
+            f"<tr><td>{_obj_link(o['object_id'])}</td><td><code>{_e(o['blob_id'])}</code></td>"
+            f"<td>{_e(o['size'])} B</td><td>{_e(o['end_epoch'])}</td>"
+            f"<td class='{'ok' if o['status'] == 'live' else 'bad'}'>{_e(o['status'])}</td></tr>"
+            for o in data["objects"]
+        )
+        objs = (
+            "<table class='list'><tr><th>Blob object</th><th>Blob id</th><th>Size</th>"
+            f"<th>End epoch</th><th>Status</th></tr>{rows}</table>"
+        )
+    else:
+        objs = "<p>This address owns no Blob objects.</p>"
+    if data["objects_next"] is not None:
+        objs += (
+            f"<p class='pager'><a href='{_e(here)}?obj_after={_e(data['objects_next'])}'>"
+            "More objects →</a></p>"
+        )
+    head = _rows(
+        [
+            ("Network", "<strong>local</strong>"),
+            ("Address", f"<code>{_e(addr)}</code>"),
+            ("Current epoch", _e(data["current_epoch"])),
+        ]
+    )
+    body = (
+        f"<h1>Address <code>{_e(addr)}</code></h1><table>{head}</table>"
+        f"<h2>Renewal transactions (newest first)</h2>{txs}<h2>Blob objects</h2>{objs}"
+    )
+    return _page(f"address {addr}", body)
+
+
 def _not_found(request: Request, what: str, ident: str) -> Response:
     message = f"no {what} {ident} on the local network"
     if wants_json(request):
@@ -253,7 +356,8 @@ def _not_found(request: Request, what: str, ident: str) -> Response:
 
 
 def make_explorer_router(get_network: Callable[[], LocalNetwork]) -> APIRouter:
-    """Routes ``GET /explorer/tx/{digest}`` and ``GET /explorer/object/{object_id}``.
+    """Routes ``GET /explorer/tx/{digest}``, ``/explorer/object/{object_id}`` and
+    ``/explorer/address/{address}``.
 
     ``get_network`` is called per request, so the main app can mount this
     before its runtime (and its LocalNetwork) exists.
@@ -279,5 +383,32 @@ def make_explorer_router(get_network: Callable[[], LocalNetwork]) -> APIRouter:
         if wants_json(request):
             return JSONResponse(data)
         return object_html(data)
+
+    @router.get("/explorer/address/{address}", response_model=None)
+    def explorer_address(address: str, request: Request) -> Response:
+        net = get_network()
+        try:
+            addr = normalize_address(address)
+        except ValueError:
+            return _not_found(request, "address", address)
+        q = request.query_params
+        try:
+            before = int(q["tx_before"]) if "tx_before" in q else None
+        except ValueError:
+            before = None
+        after = q.get("obj_after", "")
+        txs = net.address_renewals(addr, limit=ADDRESS_PAGE + 1, before_seq=before)
+        objs = net.address_objects(addr, limit=ADDRESS_PAGE + 1, after=after)
+        data = address_json(
+            addr,
+            net.peek_epoch(),
+            txs[:ADDRESS_PAGE],
+            objs[:ADDRESS_PAGE],
+            next_tx=txs[ADDRESS_PAGE - 1].seq if len(txs) > ADDRESS_PAGE else None,
+            next_obj=objs[ADDRESS_PAGE - 1].object_id if len(objs) > ADDRESS_PAGE else None,
+        )
+        if wants_json(request):
+            return JSONResponse(data)
+        return address_html(data, f"/explorer/address/{addr}")
 
     return router

@@ -1,0 +1,191 @@
+"""The console over real HTTP (uvicorn + httpx): cookies, CSRF, access rules, errors."""
+
+from __future__ import annotations
+
+import re
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.test_mcp_e2e import Server
+from walkeep.api.console import COOKIE, SECRET_FILENAME, load_console_secret
+from walkeep.config import Settings
+from walkeep.service import accounts
+
+ADMIN = "http-admin-token-0123456789"
+
+
+@pytest.fixture
+def live(settings, clock, db) -> Iterator[Server]:  # type: ignore[no-untyped-def]
+    settings.admin_token = ADMIN
+    with Server(settings, clock, db) as srv:
+        yield srv
+
+
+def _csrf(html: str) -> str:
+    m = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert m, "form without a CSRF field"
+    return m.group(1)
+
+
+def _login(c: httpx.Client, credential: str) -> httpx.Response:
+    page = c.get("/console/login")
+    return c.post("/console/login", data={"credential": credential, "csrf": _csrf(page.text)})
+
+
+def test_landing_page_and_static_assets_are_served_by_walkeep(live: Server) -> None:
+    with httpx.Client(base_url=live.url) as c:
+        home = c.get("/")
+        assert home.status_code == 200 and 'href="/console"' in home.text
+        assert f"{live.url}/mcp" in home.text
+        css = c.get("/console/static/console.css")
+        assert css.status_code == 200 and css.headers["content-type"].startswith("text/css")
+        assert c.get("/console/static/../app.py").status_code == 404
+        assert c.get("/console/static/evil.js").status_code == 404
+        # Nothing on the console's pages comes from another origin.
+        assert not re.search(r'(src|href)="(https?:)?//', home.text)
+        assert "frame-ancestors 'none'" in home.headers["content-security-policy"]
+
+
+def test_session_cookie_flags_and_the_csrf_guard(live: Server) -> None:
+    created = accounts.create_account(live.rt.db, "acme", credits_mc=100_000)
+    with httpx.Client(base_url=live.url) as c:
+        assert c.get("/console/account").headers["location"] == "/console/login"
+        page = c.get("/console/login")
+        cookie = page.headers["set-cookie"]
+        assert f"{COOKIE}=" in cookie and "HttpOnly" in cookie and "SameSite=lax" in cookie
+        assert "Path=/console" in cookie and "Secure" not in cookie  # http public URL
+        no_csrf = c.post("/console/login", data={"credential": created.api_key})
+        assert no_csrf.status_code == 403 and "security token" in no_csrf.text
+        wrong = c.post("/console/login", data={"credential": created.api_key, "csrf": "x" * 32})
+        assert wrong.status_code == 403
+        ok = _login(c, created.api_key)
+        assert ok.status_code == 303 and ok.headers["location"] == "/console"
+        account = c.get("/console/account")
+        assert account.status_code == 200 and "acme" in account.text
+        csrf = _csrf(account.text)
+        # A signed-in session still needs the token on every POST.
+        assert (
+            c.post("/console/topup", data={"amount_usd": "5", "request_id": "r"}).status_code == 403
+        )
+        topup = c.post("/console/topup", data={"amount_usd": "5", "request_id": "r", "csrf": csrf})
+        assert topup.status_code == 303 and "/checkout/" in topup.headers["location"]
+        # The same form submitted twice reuses the checkout (top_up is idempotent per request_id).
+        again = c.post("/console/topup", data={"amount_usd": "5", "request_id": "r", "csrf": csrf})
+        assert again.headers["location"] == topup.headers["location"]
+        bad = c.post("/console/topup", data={"amount_usd": "0.10", "request_id": "s", "csrf": csrf})
+        assert bad.status_code == 422 and 'role="alert"' in bad.text and "Traceback" not in bad.text
+        # A tampered cookie is no session at all.
+        c.cookies.set(COOKIE, c.cookies[COOKIE][:-2] + "xx", path="/console")
+        assert c.get("/console/account").headers["location"] == "/console/login"
+
+
+def test_forms_are_size_bounded(live: Server) -> None:
+    with httpx.Client(base_url=live.url) as c:
+        c.get("/console/login")
+        big = c.post(
+            "/console/login",
+            content=b"credential=" + b"a" * 40_000,
+            headers={"content-type": "application/x-www-form-urlencoded"},
+        )
+        assert big.status_code == 413
+
+
+def test_access_rules_between_operators_and_admins(live: Server) -> None:
+    a = accounts.create_account(live.rt.db, "a", credits_mc=1000)
+    b = accounts.create_account(live.rt.db, "b", credits_mc=1000)
+    with httpx.Client(base_url=live.url) as op, httpx.Client(base_url=live.url) as admin:
+        _login(op, a.api_key)
+        assert op.get(f"/console/accounts/{a.account_id}").status_code == 200
+        assert op.get(f"/console/accounts/{b.account_id}").status_code == 404  # no leak
+        assert op.get("/console/admin").status_code == 403
+        # An operator's statement is always their own, whatever account_id they pass.
+        st = op.get(
+            "/console/statement.csv",
+            params={"from": "2026-11-01", "to": "2026-12-31", "account_id": b.account_id},
+        )
+        assert st.status_code == 200 and a.account_id in st.text and b.account_id not in st.text
+        assert "attachment" in st.headers["content-disposition"]
+        bad = op.get("/console/statement.csv", params={"from": "2026-11-31", "to": "2026-12-01"})
+        assert bad.status_code == 422 and "YYYY-MM-DD" in bad.text
+
+        assert _login(admin, ADMIN).headers["location"] == "/console"
+        assert admin.get("/console", follow_redirects=False).headers["location"] == "/console/admin"
+        page = admin.get("/console/admin")
+        assert page.status_code == 200 and ">a</a>" in page.text and ">b</a>" in page.text
+        assert admin.get(f"/console/accounts/{b.account_id}").status_code == 200
+        assert admin.get("/console/accounts/acct_nope").status_code == 404
+        st = admin.get(
+            "/console/statement.csv",
+            params={"from": "2026-11-01", "to": "2026-12-31", "account_id": b.account_id},
+        )
+        assert st.status_code == 200 and b.account_id in st.text
+        # Admins look at accounts; only an account's operator can start a top-up.
+        csrf = _csrf(page.text)
+        assert (
+            admin.post(
+                "/console/topup", data={"amount_usd": "5", "request_id": "x", "csrf": csrf}
+            ).status_code
+            == 403
+        )
+        out = admin.post("/console/logout", data={"csrf": csrf})
+        assert out.status_code == 303 and f'{COOKIE}=""' in out.headers["set-cookie"]
+        assert admin.get("/console/admin").headers["location"] == "/console/login"
+        # Rotating the admin token ends sessions opened with the old one.
+        _login(admin, ADMIN)
+        assert admin.get("/console/admin").status_code == 200
+        live.rt.settings.admin_token = ADMIN + "-rotated"
+        assert admin.get("/console/admin").headers["location"] == "/console/login"
+
+
+def test_secure_cookie_on_https_and_a_private_secret_file(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path / "d", public_url="https://walkeep.example")
+    secret = load_console_secret(settings)
+    path = tmp_path / "d" / SECRET_FILENAME
+    assert len(secret) >= 48 and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert load_console_secret(settings) == secret  # stable across processes
+    assert load_console_secret(Settings(data_dir=tmp_path, console_secret="s" * 40)) == "s" * 40
+
+    from fastapi import Response
+
+    from walkeep.api import console as console_api
+
+    class _Rt:
+        extras: dict[str, object] = {}
+
+    rt = _Rt()
+    rt.settings = settings  # type: ignore[attr-defined]
+    response = Response()
+    console_api._set_session(rt, response, console_api.Session(role="anon", csrf="c"))  # type: ignore[arg-type]
+    assert "Secure" in response.headers["set-cookie"]
+
+
+def test_a_weak_admin_token_is_refused_at_startup(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="at least 16"):
+        Settings(data_dir=tmp_path, admin_token="short")
+
+
+def test_a_long_statement_streams_in_chunks_and_still_reconciles(
+    live: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from walkeep.service import statements
+
+    monkeypatch.setattr(statements, "STREAM_ROWS", 4)  # many chunks, many cursor fetches
+    a = accounts.create_account(live.rt.db, "busy", credits_mc=1000)
+    for i in range(25):
+        accounts.grant(live.rt.db, a.account_id, 1000 + i, reason=f"grant {i}")
+    day = live.rt.clock.now().date().isoformat()
+    with httpx.Client(base_url=live.url) as c:
+        _login(c, a.api_key)
+        with c.stream("GET", "/console/statement.csv", params={"from": day, "to": day}) as r:
+            assert r.status_code == 200
+            text = "".join(r.iter_text())
+    lines = text.splitlines()
+    assert len(lines) == 1 + 1 + 26 + 1  # header, opening, entries, closing
+    closing = lines[-1].split(",")
+    expected = 1000 + sum(1000 + i for i in range(25))
+    assert closing[1] == "closing" and closing[3] == "reconciled"
+    assert closing[7] == statements.credits_str(expected)
