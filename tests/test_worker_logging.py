@@ -17,21 +17,21 @@ class Report:
     pending: int = 0
 
 
-def _run(monkeypatch: pytest.MonkeyPatch, report: object) -> None:
+def _run(monkeypatch: pytest.MonkeyPatch, rt, report: object) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setitem(jobs.JOBS, "probe", (lambda _rt: report, "renew_interval_seconds"))
-    jobs.run_job(None, "probe")  # type: ignore[arg-type]
+    jobs.run_job(rt, "probe")
 
 
 def test_idle_runs_are_quiet_and_the_heartbeat_counts_them(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, rt
+) -> None:  # type: ignore[no-untyped-def]
     jobs.heartbeat()  # reset the tally
     caplog.clear()
     caplog.set_level(logging.INFO, logger="walkeep.worker")
-    _run(monkeypatch, Report())
-    _run(monkeypatch, Report(pending=3))  # a backlog alone is not work
+    _run(monkeypatch, rt, Report())
+    _run(monkeypatch, rt, Report(pending=3))  # a backlog alone is not work
     assert [r.getMessage() for r in caplog.records] == []
-    _run(monkeypatch, Report(landed=2))
+    _run(monkeypatch, rt, Report(landed=2))
     done = [r for r in caplog.records if r.getMessage() == "job done"]
     assert len(done) == 1 and done[0].landed == 2  # type: ignore[attr-defined]
     caplog.clear()
