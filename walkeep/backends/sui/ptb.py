@@ -90,9 +90,11 @@ def build_extend_kind(
         raise ValueError(f"at most {MAX_MERGE_COINS} WAL coins can be merged")
     if len(calls) + 1 > MAX_PTB_COMMANDS:
         raise ValueError(f"at most {MAX_PTB_COMMANDS - 1} extend calls per transaction")
-    blob_ids = [normalize_address(c.blob.object_id) for c in calls]
-    if len(set(blob_ids)) != len(blob_ids):
-        raise ValueError("a blob appears twice in one transaction")
+    refs: dict[str, ObjectRef] = {}
+    for c in calls:
+        seen = refs.setdefault(normalize_address(c.blob.object_id), c.blob)
+        if seen != c.blob:
+            raise ValueError("a blob appears twice in one transaction with different versions")
 
     ptb = ProgrammableTransactionBuilder()
     # Each object enters the inputs exactly once (Sui rejects duplicate object
@@ -115,11 +117,18 @@ def build_extend_kind(
         ptb.command(bcs.Command("MergeCoins", bcs.MergeCoins(coin_arg, extra_args)))
 
     epochs_args: dict[int, bcs.Argument] = {}
+    blob_args: dict[str, bcs.Argument] = {}
     target = _addr(package_id)
     for call in calls:
-        blob_arg = ptb.input_obj(
-            bcs.BuilderArg("Object", _addr(call.blob.object_id)), _owned(call.blob)
-        )
+        # A blob extended by two calls enters the inputs once; both calls use
+        # it (Sui refuses duplicate object inputs, not repeated uses).
+        key = normalize_address(call.blob.object_id)
+        blob_arg = blob_args.get(key)
+        if blob_arg is None:
+            blob_arg = ptb.input_obj(
+                bcs.BuilderArg("Object", _addr(call.blob.object_id)), _owned(call.blob)
+            )
+            blob_args[key] = blob_arg
         k_arg = epochs_args.get(call.epochs)
         if k_arg is None:
             k_arg = ptb.input_pure(bcs.BuilderArg("Pure", list(pure_u32(call.epochs))))
@@ -180,6 +189,26 @@ def build_extend_tx(
 
 
 @dataclass(frozen=True, slots=True)
+class DecodedCall:
+    """One ``extend_blob`` Move call with the object references it pins.
+
+    Kept whole (package, module, function, the System it mutates, the Blob
+    at an exact version, ``k`` as a u32) so an executor can apply it and an
+    auditor can compare every field with Walkeep's records.
+    """
+
+    package_id: str
+    module: str
+    function: str
+    system_object_id: str | None  # the shared System input, None if not a shared object
+    system_mutable: bool
+    blob_object_id: str
+    blob_version: int
+    epochs: int
+    coin_object_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class DecodedExtend:
     """What a renewal transaction asked for, recovered from its BCS bytes."""
 
@@ -190,6 +219,10 @@ class DecodedExtend:
     gas_budget: int
     owned_objects: tuple[str, ...]  # every owned input (blobs, WAL coins)
     gas_coins: tuple[str, ...]
+    calls: tuple[DecodedCall, ...] = ()  # the extend_blob calls, in order
+    # Commands that are neither extend_blob nor MergeCoins (an executor that
+    # only knows renewals must refuse a transaction that has any).
+    other_commands: int = 0
 
 
 def decode_extend_tx(tx_bytes: bytes | str) -> DecodedExtend:
@@ -216,30 +249,54 @@ def decode_extend_tx(tx_bytes: bytes | str) -> DecodedExtend:
     )
     items: list[tuple[str, int]] = []
     packages: list[str] = []
+    calls: list[DecodedCall] = []
+    other = 0
     for command in pt.Command:
         if command.enum_name != "MoveCall":
+            other += command.enum_name != "MergeCoins"
             continue
         call = command.value
         if call.Module != "system" or call.Function != "extend_blob" or len(call.Arguments) != 4:
+            other += 1
             continue
-        blob_arg, k_arg = call.Arguments[1], call.Arguments[2]
+        sys_arg, blob_arg, k_arg, coin_arg = call.Arguments
         if blob_arg.enum_name != "Input" or k_arg.enum_name != "Input":
+            other += 1
             continue
+        if blob_arg.value >= len(inputs) or k_arg.value >= len(inputs):
+            raise ValueError("extend_blob refers to an input that does not exist")
         blob_input, k_input = inputs[blob_arg.value], inputs[k_arg.value]
         if blob_input.enum_name != "Object" or k_input.enum_name != "Pure":
+            other += 1
             continue
         k_bytes = bytes(k_input.value)
         if len(k_bytes) != 4:
             raise ValueError("extend_blob epochs argument is not a 4-byte u32")
-        items.append(
-            (
-                normalize_address(blob_input.value.value.ObjectID.to_address_str()),
-                int.from_bytes(k_bytes, "little"),
-            )
-        )
+        blob_ref = blob_input.value
+        blob_id = normalize_address(blob_ref.value.ObjectID.to_address_str())
+        k = int.from_bytes(k_bytes, "little")
+        items.append((blob_id, k))
         pkg = normalize_address(call.Package.to_address_str())
         if pkg not in packages:
             packages.append(pkg)
+        system_id, system_mut = _shared_input(inputs, sys_arg)
+        calls.append(
+            DecodedCall(
+                package_id=pkg,
+                module=str(call.Module),
+                function=str(call.Function),
+                system_object_id=system_id,
+                system_mutable=system_mut,
+                blob_object_id=blob_id,
+                blob_version=(
+                    int(blob_ref.value.SequenceNumber)
+                    if blob_ref.enum_name == "ImmOrOwnedObject"
+                    else -1
+                ),
+                epochs=k,
+                coin_object_id=_owned_input(inputs, coin_arg),
+            )
+        )
     expiration = v1.TransactionExpiration
     return DecodedExtend(
         sender=normalize_address(v1.Sender.to_address_str()),
@@ -249,4 +306,27 @@ def decode_extend_tx(tx_bytes: bytes | str) -> DecodedExtend:
         gas_budget=int(v1.GasData.Budget),
         owned_objects=owned,
         gas_coins=tuple(normalize_address(g.ObjectID.to_address_str()) for g in v1.GasData.Payment),
+        calls=tuple(calls),
+        other_commands=other,
     )
+
+
+def _shared_input(inputs: list, arg: object) -> tuple[str | None, bool]:  # type: ignore[type-arg]
+    """(object id, mutable) of a SharedObject input argument, or (None, False)."""
+    if getattr(arg, "enum_name", None) != "Input" or arg.value >= len(inputs):  # type: ignore[attr-defined]
+        return None, False
+    inp = inputs[arg.value]  # type: ignore[attr-defined]
+    if inp.enum_name != "Object" or inp.value.enum_name != "SharedObject":
+        return None, False
+    ref = inp.value.value
+    return normalize_address(ref.ObjectID.to_address_str()), bool(ref.Mutable)
+
+
+def _owned_input(inputs: list, arg: object) -> str | None:  # type: ignore[type-arg]
+    """The object id of an ImmOrOwnedObject input argument, or None."""
+    if getattr(arg, "enum_name", None) != "Input" or arg.value >= len(inputs):  # type: ignore[attr-defined]
+        return None
+    inp = inputs[arg.value]  # type: ignore[attr-defined]
+    if inp.enum_name != "Object" or inp.value.enum_name != "ImmOrOwnedObject":
+        return None
+    return normalize_address(inp.value.value.ObjectID.to_address_str())
