@@ -139,7 +139,7 @@ def test_worker_process_runs_jobs_and_stops_gracefully_on_sigterm(
     assert proc.stderr is not None
     deadline = time.monotonic() + 60
     jobs_seen: set[str] = set()
-    while time.monotonic() < deadline and len(jobs_seen) < 5:
+    while time.monotonic() < deadline and len(jobs_seen) < 6:
         line = proc.stderr.readline()
         if not line:
             break
@@ -156,6 +156,7 @@ def test_worker_process_runs_jobs_and_stops_gracefully_on_sigterm(
         "reconcile_renewals",
         "sweep",
         "reconcile_payments",
+        "deliver_alerts",
     }, lines
     if settings.db_url.startswith("sqlite"):  # a second worker on SQLite refuses to start
         second = subprocess.run(
