@@ -5,10 +5,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +20,7 @@ from sqlalchemy import select
 
 from tests.helpers import epoch_seconds, land_all
 from walkeep.clock import ManualClock
+from walkeep.config import Settings
 from walkeep.db.models import AlertEvent
 from walkeep.errors import NotFound, ValidationError
 from walkeep.service import accounts, alerts, renew, store, topup
@@ -263,3 +268,45 @@ def test_settings_threshold_secret_rotation_and_unknown_account(
         alerts.set_alert_webhook(rt, "acct_nope", receiver.url)
     with pytest.raises(NotFound):
         alerts.send_test_event(rt, accounts.create_account(rt.db, "x").account_id)
+
+
+def test_cli_set_show_and_test_against_a_real_receiver(
+    rt: Runtime, settings: Settings, receiver: Receiver, tmp_path: Path
+) -> None:
+    accounts.create_account(rt.db, "cli-alerts", credits_mc=0)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("WALKEEP_", "STRIPE_"))},
+        "HOME": str(tmp_path),
+        "WALKEEP_DATA_DIR": str(settings.data_dir),
+        "WALKEEP_DATABASE_URL": settings.db_url,
+        "WALKEEP_MASTER_KEY": settings.master_key or "",
+    }
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "walkeep.cli", "alerts", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    bad = cli("set", "--account", "cli-alerts", "--url", "https://u:p@example.com/h")
+    assert bad.returncode == 1 and "credentials" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+    made = cli(
+        "set", "--account", "cli-alerts", "--url", receiver.url, "--threshold-epochs", "6", "--json"
+    )
+    assert made.returncode == 0, made.stderr
+    secret = json.loads(made.stdout)["secret"]
+    sent = cli("test", "--account", "cli-alerts", "--json")
+    assert sent.returncode == 0, sent.stderr
+    assert json.loads(sent.stdout)["status_code"] == 200
+    headers, body = receiver.requests[-1]
+    assert json.loads(body)["type"] == "alert.test"
+    assert verify_signature(secret, headers["walkeep-signature"], body)
+    shown = cli("show", "--account", "cli-alerts", "--json")
+    assert shown.returncode == 0, shown.stderr
+    data = json.loads(shown.stdout)
+    assert secret not in shown.stdout and data["secret_hint"].endswith(secret[-4:])
+    assert data["threshold_epochs"] == 6 and data["deliveries"][0]["ok"] is True

@@ -1449,3 +1449,13 @@ class LocalNetwork:
         self._chain_op()
         rec = self.transaction_record(digest)
         return rec.to_effects() if rec else None
+
+    def get_transaction_bytes(self, digest: str) -> str | None:
+        """The recorded transaction bytes (base64) of ``digest``; None if unknown."""
+        self._chain_op()
+        row = (
+            self._conn()
+            .execute("SELECT tx_bytes FROM transactions WHERE digest = ?", (digest,))
+            .fetchone()
+        )
+        return base64.b64encode(row[0]).decode() if row else None
