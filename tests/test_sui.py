@@ -695,6 +695,31 @@ def test_effects_without_bcs_events_or_balance_changes(make_chain, node: FakeSui
     assert looked_up.extensions == () and looked_up.wal_cost_frost is None
 
 
+def test_transaction_bytes_come_from_the_node_for_audits(make_chain, node: FakeSuiNode) -> None:  # type: ignore[no-untyped-def]
+    """walkeep verify reads the node's BCS: the digest recomputes, the calls decode; a node
+    that answers without BCS is an error, never a silent fallback to Walkeep's own copy."""
+    chain = make_chain()
+    a = node.add_blob(ADDRESS, end_epoch=101, blob_id=9)
+    tx = chain.prepare_extend([(a.object_id, 3)])
+    chain.execute(tx)
+    raw = base64.b64decode(make_chain().get_transaction_bytes(tx.digest))
+    assert tx_digest(raw) == tx.digest and raw == base64.b64decode(tx.tx_bytes)
+    decoded = decode_extend_tx(raw)
+    assert [(c.blob_object_id, c.epochs, c.function) for c in decoded.calls] == [
+        (a.object_id, 3, "extend_blob")
+    ]
+    system_id, packages = chain.walrus_targets()
+    assert decoded.calls[0].system_object_id == system_id and decoded.calls[0].system_mutable
+    assert decoded.calls[0].package_id in packages
+    assert chain.get_transaction_bytes(random_digest()) is None
+    node.tx_bcs = False  # this node now answers with structured transactions only
+    b = node.add_blob(ADDRESS, end_epoch=102, blob_id=10)
+    structured = chain.prepare_extend([(b.object_id, 2)])
+    chain.execute(structured)
+    with pytest.raises(ChainUnavailable, match="BCS"):
+        chain.get_transaction_bytes(structured.digest)
+
+
 def test_a_move_abort_is_rejected_and_applies_nothing(chain: SuiChain, node: FakeSuiNode) -> None:
     blob = node.add_blob(ADDRESS, end_epoch=101)
     other = node.add_blob(ADDRESS, end_epoch=104)
