@@ -214,6 +214,27 @@ def test_unreachable_receiver_is_recorded_and_eventually_given_up(
     assert all(d.status_code is None and d.error and "Connect" in d.error for d in log)
 
 
+def test_a_refused_renewal_emits_renewal_failed_once(
+    rt: Runtime, clock: ManualClock, receiver: Receiver
+) -> None:
+    acct = accounts.create_account(rt.db, "refused", credits_mc=50_000).account_id
+    alerts.set_alert_webhook(rt, acct, receiver.url)
+    store.store(rt, acct, content="renew me", request_id="r1")
+    land_all(rt)
+    clock.advance(epoch_seconds(rt) * 3)
+    rt.extras["faults"].fail_next_extends = 1
+    report = renew.renew(rt)
+    assert report.failed_transactions == 1
+    _deliver_until_quiet(rt, clock)
+    (failed,) = receiver.bodies()
+    assert failed["type"] == "renewal.failed" and "fault injected" in failed["data"]["reason"]
+    assert len(failed["data"]["blobs"]) == 1 and failed["data"]["digest"]
+    clock.advance(120)  # past the renewal's back-off
+    assert renew.renew(rt).transactions == 1  # renews now; no new event
+    _deliver_until_quiet(rt, clock)
+    assert _types(receiver.bodies()) == ["renewal.failed"]
+
+
 def test_no_webhook_no_events_and_a_rolled_back_change_emits_nothing(
     rt: Runtime, receiver: Receiver
 ) -> None:
