@@ -331,3 +331,20 @@ def test_cli_set_show_and_test_against_a_real_receiver(
     data = json.loads(shown.stdout)
     assert secret not in shown.stdout and data["secret_hint"].endswith(secret[-4:])
     assert data["threshold_epochs"] == 6 and data["deliveries"][0]["ok"] is True
+
+
+def test_the_readme_verification_snippet_accepts_a_real_delivery(
+    rt: Runtime, receiver: Receiver
+) -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    start = readme.index("import hashlib, hmac, time")
+    namespace: dict[str, Any] = {}
+    exec(readme[start : readme.index("```", start)], namespace)
+    acct = accounts.create_account(rt.db, "readme", credits_mc=0).account_id
+    secret = alerts.set_alert_webhook(rt, acct, receiver.url)
+    alerts.send_test_event(rt, acct)
+    assert alerts.deliver_alerts(rt).delivered == 1
+    headers, body = receiver.requests[-1]
+    # The test clock is days away from the wall clock: disable the age check here.
+    assert namespace["verify"](secret, headers["walkeep-signature"], body, tolerance=10**9)
+    assert not namespace["verify"](secret, headers["walkeep-signature"], body + b" ", 10**9)
