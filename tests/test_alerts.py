@@ -235,6 +235,33 @@ def test_a_refused_renewal_emits_renewal_failed_once(
     assert _types(receiver.bodies()) == ["renewal.failed"]
 
 
+def test_a_sender_that_dies_before_recording_is_retried_after_the_lease(
+    rt: Runtime, clock: ManualClock, receiver: Receiver
+) -> None:
+    acct = accounts.create_account(rt.db, "lease", credits_mc=0).account_id
+    alerts.set_alert_webhook(rt, acct, receiver.url)
+    event_id = alerts.send_test_event(rt, acct)
+    (claimed,) = alerts._claim(rt, 10, None)  # a worker took it, then died before sending
+    assert claimed.event_id == event_id
+    assert alerts.deliver_alerts(rt).attempted == 0  # leased: nobody else sends it meanwhile
+    clock.advance(alerts.LEASE_SECONDS)
+    assert alerts.deliver_alerts(rt).delivered == 1  # at least once
+    assert receiver.seen == {event_id: 1}
+
+
+def test_removing_the_webhook_drops_pending_events(rt: Runtime, receiver: Receiver) -> None:
+    acct = accounts.create_account(rt.db, "remove", credits_mc=0).account_id
+    alerts.set_alert_webhook(rt, acct, receiver.url)
+    alerts.send_test_event(rt, acct)
+    assert alerts.remove_alert_webhook(rt, acct) == 1
+    assert alerts.get_alert_settings(rt, acct) is None
+    assert alerts.deliver_alerts(rt).attempted == 0 and receiver.requests == []
+    with rt.db.begin() as s:  # no webhook: state changes emit nothing any more
+        assert alerts.emit(s, acct, "memories.paused", {}) is None
+    with pytest.raises(NotFound):
+        alerts.remove_alert_webhook(rt, acct)
+
+
 def test_no_webhook_no_events_and_a_rolled_back_change_emits_nothing(
     rt: Runtime, receiver: Receiver
 ) -> None:
@@ -331,6 +358,9 @@ def test_cli_set_show_and_test_against_a_real_receiver(
     data = json.loads(shown.stdout)
     assert secret not in shown.stdout and data["secret_hint"].endswith(secret[-4:])
     assert data["threshold_epochs"] == 6 and data["deliveries"][0]["ok"] is True
+    removed = cli("remove", "--account", "cli-alerts")
+    assert removed.returncode == 0 and "removed" in removed.stdout
+    assert cli("show", "--account", "cli-alerts").returncode == 1
 
 
 def test_the_readme_verification_snippet_accepts_a_real_delivery(

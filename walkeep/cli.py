@@ -536,6 +536,19 @@ def alerts_test(
         raise typer.Exit(1)
 
 
+@alerts_app.command("remove")
+def alerts_remove(
+    account: Annotated[str, typer.Option("--account", help="Account id or name.")],
+) -> None:
+    """Stop sending alerts for the account (pending events are dropped)."""
+    from walkeep.service import alerts
+
+    rt = _runtime()
+    account_id = _resolve_account(rt.db, account)
+    dropped = alerts.remove_alert_webhook(rt, account_id)
+    typer.echo(f"alerts removed for {account_id} ({dropped} pending event(s) dropped)")
+
+
 @app.command()
 def verify(
     digest: Annotated[
