@@ -262,6 +262,30 @@ def test_removing_the_webhook_drops_pending_events(rt: Runtime, receiver: Receiv
         alerts.remove_alert_webhook(rt, acct)
 
 
+def test_concurrent_checks_fire_balance_low_once(rt: Runtime, receiver: Receiver) -> None:
+    """Several workers evaluating the same crossing at once (PostgreSQL: the settings row
+    lock) still produce one event."""
+    acct = accounts.create_account(rt.db, "racy", credits_mc=1100).account_id
+    alerts.set_alert_webhook(rt, acct, receiver.url)
+    store.store(rt, acct, content="one memory", request_id="r1")
+    land_all(rt)  # 100 mc left for 63 mc per epoch: 1 epoch funded, below 4
+    barrier = threading.Barrier(4)
+    fired: list[int] = []
+
+    def check() -> None:
+        barrier.wait(timeout=10)
+        fired.append(alerts.check_low_balances(rt))
+
+    threads = [threading.Thread(target=check) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert sorted(fired) == [0, 0, 0, 1]
+    with rt.db.read() as s:
+        assert s.scalars(select(AlertEvent.type)).all() == ["balance.low"]
+
+
 def test_no_webhook_no_events_and_a_rolled_back_change_emits_nothing(
     rt: Runtime, receiver: Receiver
 ) -> None:
