@@ -31,15 +31,15 @@ from walkeep.backends.localnet.engine import (
     EXTEND_FUNCTION,
     KEY_FILE,
     LOCAL_PACKAGE_ID,
-    DecodedTx,
+    LOCAL_SYSTEM_OBJECT_ID,
     ExtendCall,
     blob_id_for,
     blob_id_to_u256,
-    decode_tx,
-    encode_tx,
+    build_local_extend_tx,
     sui_address,
     tx_digest,
 )
+from walkeep.backends.sui.ptb import decode_extend_tx
 from walkeep.clock import ManualClock
 from walkeep.errors import NotFound, RelayerUnavailable, ValidationError
 from walkeep.pricing import encoded_blob_length, storage_units
@@ -302,16 +302,14 @@ def test_53_epoch_cap(net: LocalNetwork, clock: ManualClock) -> None:
 def _crafted(net: LocalNetwork, calls: list[tuple[str, int]]) -> PreparedTx:
     """A transaction built by hand (skipping prepare's checks), digest computed honestly."""
     versions = {oid: rec.version for oid in dict(calls) if (rec := net.object_record(oid))}
-    tx = DecodedTx(
-        kind="extend",
-        sender=net.server_address,
+    raw = build_local_extend_tx(
+        net.server_address,
+        [ExtendCall(oid, versions.get(oid, 1), k) for oid, k in calls],
         nonce=b"\x07" * 32,
-        epoch=net.current_epoch(),
-        package_id=LOCAL_PACKAGE_ID,
-        calls=tuple(ExtendCall(oid, versions.get(oid, 1), k) for oid, k in calls),
     )
-    raw = encode_tx(tx)
-    return PreparedTx(tx_digest(raw), base64.b64encode(raw).decode(), tuple(calls), tx.epoch)
+    return PreparedTx(
+        tx_digest(raw), base64.b64encode(raw).decode(), tuple(calls), net.current_epoch()
+    )
 
 
 def test_execute_checks_every_rule_itself(net: LocalNetwork, clock: ManualClock) -> None:
@@ -417,11 +415,15 @@ def test_digest_is_suis_digest_over_the_tx_bytes(net: LocalNetwork) -> None:
     from pysui.sui.sui_common.txn_base import _SuiTransactionBase
 
     assert _SuiTransactionBase.digest_from_bytes(tx_bytes) == prepared.digest
-    # The bytes carry the whole transaction.
-    tx = decode_tx(tx_bytes)
-    assert tx.kind == "extend" and tx.sender == net.server_address
-    assert tx.package_id == LOCAL_PACKAGE_ID
-    assert [(c.object_id, c.epochs) for c in tx.calls] == [(a, 2), (b, 3)]
+    # The bytes are real Sui TransactionData carrying the whole transaction.
+    tx = decode_extend_tx(tx_bytes)
+    assert tx.sender == net.server_address and tx.package_ids == (LOCAL_PACKAGE_ID,)
+    assert tx.items == ((a, 2), (b, 3))
+    assert {c.system_object_id for c in tx.calls} == {LOCAL_SYSTEM_OBJECT_ID}
+    assert [(c.module, c.function, c.blob_version) for c in tx.calls] == [
+        ("system", "extend_blob", 1),
+        ("system", "extend_blob", 1),
+    ]
     assert prepared.items == ((a, 2), (b, 3))
     assert prepared.epoch == net.current_epoch()
 

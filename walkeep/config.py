@@ -111,6 +111,18 @@ class Settings(BaseSettings):
     reconcile_payments_interval_seconds: float = Field(default=120, gt=0)
     reconcile_renewals_interval_seconds: float = Field(default=60, gt=0)
 
+    # --- alerts (walkeep/service/alerts.py) -----------------------------------------------
+    deliver_alerts_interval_seconds: float = Field(default=15, gt=0)
+    alert_timeout_seconds: float = Field(
+        default=5.0, gt=0, le=60, description="Per webhook request (connect and read)."
+    )
+    alert_max_attempts: int = Field(
+        default=16, ge=1, description="Delivery attempts per event before it is dropped."
+    )
+    alert_backoff_cap_seconds: int = Field(
+        default=3600, ge=1, description="Longest wait between two attempts (30 s, 60 s, … cap)."
+    )
+
     # --- serving -----------------------------------------------------------------------
     public_url: str = "http://127.0.0.1:8080"
     allowed_hosts: str = Field(

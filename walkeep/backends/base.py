@@ -233,6 +233,14 @@ class Chain(Protocol):
         """Look a transaction up again (reconciliation, audit). None if unknown."""
         ...
 
+    def get_transaction_bytes(self, digest: str) -> str | None:
+        """The executed transaction's BCS ``TransactionData`` (base64); None if unknown.
+
+        What an auditor recomputes the digest from and decodes the calls of
+        (``walkeep verify``): the chain's copy, never Walkeep's own record.
+        """
+        ...
+
     def can_still_land(self, tx_bytes: str) -> bool:
         """Could this signed-but-unconfirmed transaction still be executed later?
 

@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     CheckConstraint,
     DateTime,
     ForeignKey,
@@ -32,6 +33,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.sql.expression import false
 from sqlalchemy.types import TypeDecorator
 
 NAMING = {
@@ -448,3 +450,64 @@ __all__ = [
     "UTCDateTime",
     "WriteJob",
 ]
+
+
+class AlertSettings(Base):
+    """An account's outbound webhook for alerts (walkeep/service/alerts.py)."""
+
+    __tablename__ = "alert_settings"
+
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), primary_key=True)
+    url: Mapped[str] = mapped_column(String(2000))
+    # The HMAC signing secret. Shown once when set; kept to sign deliveries.
+    secret: Mapped[str] = mapped_column(String(100))
+    threshold_epochs: Mapped[int] = mapped_column(Integer)
+    # Whether funded runway is currently below the threshold: balance.low
+    # fires on the transition to low and re-arms on the way back up.
+    balance_low: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class AlertEvent(Base):
+    """The outbox: one row per event, inserted in the transaction that caused it.
+
+    ``body`` is the exact JSON delivered (and signed) on every attempt, so a
+    retry is byte-identical and receivers can deduplicate on the event id.
+    """
+
+    __tablename__ = "alert_events"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    type: Mapped[str] = mapped_column(String(40))
+    body: Mapped[str] = mapped_column(Text)
+    # pending | delivered | failed (gave up after the last attempt)
+    status: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    next_attempt_at: Mapped[datetime]
+    created_at: Mapped[datetime]
+    delivered_at: Mapped[datetime | None]
+
+    __table_args__ = (
+        Index(None, "status", "next_attempt_at"),
+        Index(None, "account_id", "created_at"),
+    )
+
+
+class AlertDelivery(Base):
+    """One delivery attempt of one event: what the receiver answered, or why it failed."""
+
+    __tablename__ = "alert_deliveries"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    event_id: Mapped[str] = mapped_column(ForeignKey("alert_events.id"), index=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    url: Mapped[str] = mapped_column(String(2000))
+    attempt: Mapped[int] = mapped_column(Integer)
+    status_code: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(String(500))
+    duration_ms: Mapped[int] = mapped_column(Integer)
+    attempted_at: Mapped[datetime]
+
+    __table_args__ = (Index(None, "account_id", "attempted_at"),)

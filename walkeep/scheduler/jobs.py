@@ -44,6 +44,12 @@ def _reconcile_payments(rt: Runtime) -> Any:
     return topup.reconcile_payments(rt)
 
 
+def _deliver_alerts(rt: Runtime) -> Any:
+    from walkeep.service import alerts
+
+    return alerts.deliver_alerts(rt)
+
+
 # name → (job function, interval setting)
 JOBS: dict[str, tuple[Callable[[Runtime], Any], str]] = {
     "complete_writes": (completion.complete_writes, "complete_writes_interval_seconds"),
@@ -51,6 +57,7 @@ JOBS: dict[str, tuple[Callable[[Runtime], Any], str]] = {
     "reconcile_renewals": (renew.reconcile_renewals, "reconcile_renewals_interval_seconds"),
     "sweep": (renew.sweep, "sweep_interval_seconds"),
     "reconcile_payments": (_reconcile_payments, "reconcile_payments_interval_seconds"),
+    "deliver_alerts": (_deliver_alerts, "deliver_alerts_interval_seconds"),
 }
 
 

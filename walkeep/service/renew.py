@@ -30,7 +30,7 @@ import hashlib
 import logging
 import os
 import socket
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -53,6 +53,7 @@ from walkeep.db import rowcount
 from walkeep.db.models import Account, Blob, Memory, Renewal, RenewalItem
 from walkeep.errors import InsufficientBalance
 from walkeep.lifecycle import BlobStatus, MemoryStatus
+from walkeep.service import alerts
 from walkeep.service.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,11 @@ def resume_paused(session: Session, account_id: str) -> int:
         .where(Memory.account_id == account_id, Memory.status == MemoryStatus.PAUSED)
         .values(status=MemoryStatus.ACTIVE, status_changed_at=now)
     )
-    return rowcount(res)
+    resumed = rowcount(res)
+    # --- alert (same transaction as the resume) ---
+    if resumed:
+        alerts.emit(session, account_id, "memories.resumed", {"resumed_memories": resumed})
+    return resumed
 
 
 @dataclass
@@ -340,12 +345,16 @@ def _claim_batch(rt: Runtime, current: int, worker: str, report: RenewReport) ->
                     unfunded.append(blob.id)
 
         if unfunded:
-            res = s.execute(
+            paused_accounts = s.scalars(
                 update(Memory)
                 .where(Memory.blob_pk.in_(unfunded), Memory.status == MemoryStatus.ACTIVE)
                 .values(status=MemoryStatus.PAUSED, status_changed_at=now)
-            )
-            paused = rowcount(res)
+                .returning(Memory.account_id)
+            ).all()
+            paused = len(paused_accounts)
+            # --- alerts (same transaction as the pause) ---
+            for acct, n in sorted(Counter(paused_accounts).items()):
+                alerts.emit(s, acct, "memories.paused", _paused_alert(n))
             report.paused_memories += paused
             metrics.PAUSED_MEMORIES.inc(paused)
             log.warning("paused %d memories on %d unfunded blobs", paused, len(unfunded))
@@ -440,6 +449,10 @@ def _prepare_checked(
             except ChainRejected as exc:
                 refused.append(entry[0])
                 log.warning("chain refuses to extend %s: %s", entry[0].blob_object_id, exc)
+    # --- alerts (same transaction as the back-off) ---
+    for acct in sorted({b.account_id for b in refused if b.account_id}):
+        ids = [b.blob_object_id for b in refused if b.account_id == acct]
+        alerts.emit(s, acct, "renewal.failed", {"reason": "refused by the chain", "blobs": ids})
     for blob in refused:
         failures = blob.renew_failures + 1
         s.execute(
@@ -455,6 +468,14 @@ def _prepare_checked(
     if problems:
         return _prepare_checked(rt, s, kept, now)
     return kept, rt.chain.prepare_extend([(b.blob_object_id, k) for b, k, _ in kept])
+
+
+def _paused_alert(n: int) -> dict[str, object]:
+    return {
+        "paused_memories": n,
+        "reason": "credits cannot cover their renewal",
+        "note": "their paid runway keeps counting down; a top-up resumes them automatically",
+    }
 
 
 def _hold_ref(renewal_id: int, account_id: str) -> str:
@@ -618,11 +639,22 @@ def _abandon(rt: Runtime, renewal_id: int, reason: str, *, backoff: bool) -> boo
         if status != "intent":
             return False
         items = s.execute(
-            select(RenewalItem.account_id, Blob.id, Blob.renew_failures)
+            select(RenewalItem.account_id, Blob.id, Blob.renew_failures, Blob.blob_object_id)
             .join(Blob, Blob.id == RenewalItem.blob_pk)
             .where(RenewalItem.renewal_id == renewal_id)
         ).all()
-        for account_id in sorted({a for a, _, _ in items if a}):
+        # --- alerts (same transaction as the release): only real refusals ---
+        if backoff:
+            digest = s.scalar(select(Renewal.digest).where(Renewal.id == renewal_id))
+            for acct in sorted({a for a, *_ in items if a}):
+                ids = [oid for a, _pk, _f, oid in items if a == acct]
+                alerts.emit(
+                    s,
+                    acct,
+                    "renewal.failed",
+                    {"reason": reason[:300], "digest": digest, "blobs": ids},
+                )
+        for account_id in sorted({a for a, *_ in items if a}):
             ledger.release(s, account_id, _hold_ref(renewal_id, account_id), memo=reason[:200])
         if items:
             s.execute(
@@ -641,7 +673,7 @@ def _abandon(rt: Runtime, renewal_id: int, reason: str, *, backoff: bool) -> boo
                             else {}
                         ),
                     }
-                    for _a, blob_pk, failures in items
+                    for _a, blob_pk, failures, _oid in items
                 ],
             )
         s.execute(

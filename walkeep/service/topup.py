@@ -51,6 +51,7 @@ from walkeep.errors import Internal, NotFound, ValidationError
 from walkeep.ledger import MC_PER_CREDIT, Kind
 from walkeep.payments.base import CheckoutRequest, PaymentEvent, ProviderSession
 from walkeep.payments.local import LocalPayments, local_session_id
+from walkeep.service import alerts
 from walkeep.service.renew import resume_paused
 from walkeep.service.runtime import Runtime
 from walkeep.service.schemas import TopUpResult
@@ -458,6 +459,19 @@ def credit_checkout(s: Session, row: CheckoutSession, ps: ProviderSession, *, so
     row.credited_entry_id = entry.id
     row.updated_at = s.info["clock"].now()
     resume_paused(s, row.account_id)
+    # --- alert (same transaction as the credit) ---
+    if not entry.replayed:
+        alerts.emit(
+            s,
+            row.account_id,
+            "topup.credited",
+            {
+                "checkout_id": row.id,
+                "amount_usd": ledger.mc_to_usd_str(amount_mc),
+                "credited_mc": amount_mc,
+                "balance_mc": ledger.balance(s, row.account_id).balance_mc,
+            },
+        )
     if not entry.replayed:
         log.info("top-up %s credited %s mc to %s (%s)", row.id, amount_mc, row.account_id, source)
     return not entry.replayed

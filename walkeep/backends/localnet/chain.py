@@ -50,6 +50,13 @@ class LocalChain:
     def get_transaction(self, digest: str) -> TxEffects | None:
         return self.localnet.get_transaction(digest)
 
+    def walrus_targets(self) -> tuple[str, tuple[str, ...]]:
+        """(System object id, package ids a renewal may call): what an audit expects."""
+        return self.localnet.system_object_id, (self.localnet.package_id,)
+
+    def get_transaction_bytes(self, digest: str) -> str | None:
+        return self.localnet.get_transaction_bytes(digest)
+
     def explorer_tx_url(self, digest: str) -> str:
         return f"{self.public_url}/explorer/tx/{digest}"
 

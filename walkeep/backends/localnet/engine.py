@@ -13,10 +13,14 @@ enforces them (notes/walrus-sui.md §2.2):
 - storage is priced like Walrus: ``ceil(encoded_size / 1 MiB) × price × epochs``
   with the real RS2 encoded size (~63 MiB units for a tiny blob);
 - transaction digests are computed the way Sui computes them,
-  ``base58(blake2b256(b"TransactionData::" ‖ tx_bytes))``, over a deterministic
-  BCS-style encoding, so a digest is known before submission and can be
-  re-derived by anyone holding the bytes; re-executing a digest returns the
-  recorded effects and changes nothing;
+  ``base58(blake2b256(b"TransactionData::" ‖ tx_bytes))``, so a digest is
+  known before submission and can be re-derived by anyone holding the bytes;
+  re-executing a digest returns the recorded effects and changes nothing;
+- a renewal's bytes are real Sui ``TransactionData`` (a PTB of
+  ``<local package>::system::extend_blob`` calls) built and decoded by the Sui
+  adapter's own code (``walkeep.backends.sui.ptb``), so ``walkeep verify``
+  audits local and Sui renewals with one decoder. Store transactions keep a
+  compact local encoding (``encode_tx``): they are not audited as renewals;
 - like Sui, a transaction names the *version* of every owned object it
   mutates, so a prepared transaction that went stale (the blob was extended
   by another transaction in between) is refused instead of applied twice.
@@ -275,7 +279,12 @@ class ExtendCall:
 
 @dataclass(frozen=True, slots=True)
 class DecodedTx:
-    """Transaction data as encoded in ``tx_bytes``.
+    """A local transaction's data as encoded by :func:`encode_tx`.
+
+    Only *store* transactions use this encoding now; renewals (``extend``)
+    are Sui ``TransactionData`` (:func:`build_local_extend_tx`). The extend
+    layout below is still decoded so a state directory written before that
+    change can be listed by the explorer.
 
     Layout (``TransactionData``): ``uleb 0 (V1) ‖ uleb kind ‖ sender[32] ‖
     nonce[32] ‖ u32 walrus_epoch ‖ package[32] ‖ payload`` where the extend
@@ -355,6 +364,103 @@ def decode_tx(data: bytes) -> DecodedTx:
         epochs=epochs,
         owner=owner,
         deletable=bool(deletable),
+    )
+
+
+# --- renewal transactions: real Sui TransactionData ------------------------------------------
+
+# The local System object is shared since the local deployment's first version.
+LOCAL_SYSTEM_INITIAL_SHARED_VERSION = 1
+# The server wallet's WAL coin and SUI gas coin on the local network. Their
+# versions are not tracked (no gas model): every renewal names version 1.
+LOCAL_WAL_COIN_ID = _local_id(b"walkeep::localnet::wal-coin")
+LOCAL_GAS_COIN_ID = _local_id(b"walkeep::localnet::gas-coin")
+LOCAL_GAS_PRICE_MIST = 1_000
+
+
+def object_digest(object_id: str, version: int) -> str:
+    """The local stand-in for a Sui object digest (base58 of 32 bytes) at ``version``.
+
+    Sui hashes the object's contents; the local chain hashes (id, version),
+    which is all an ObjectRef needs to pin: a different version, a different
+    reference.
+    """
+    raw = _b2b(
+        b"walkeep::localnet::object" + bytes.fromhex(object_id[2:]) + version.to_bytes(8, "little")
+    )
+    return base58.b58encode(raw).decode()
+
+
+def build_local_extend_tx(sender: str, calls: Sequence[ExtendCall], *, nonce: bytes) -> bytes:
+    """BCS ``TransactionData`` for a local renewal, built by the Sui adapter's builder.
+
+    The same bytes a Sui renewal has (``walkeep.backends.sui.ptb``): the
+    local package's ``system::extend_blob`` with the local System as a
+    mutable shared object, each Blob as an owned ObjectRef at its current
+    version, one WAL coin, and gas data whose coin digest is ``nonce`` (32
+    random bytes), so two identical batches still get different digests. One
+    decoder (``decode_extend_tx``) then serves ``walkeep verify`` on every
+    network.
+    """
+    from walkeep.backends.sui.ptb import ExtendCall as SuiCall
+    from walkeep.backends.sui.ptb import ObjectRef, SharedRef, build_extend_tx
+
+    if len(nonce) != 32:
+        raise ValueError("the gas coin digest is 32 bytes")
+    return build_extend_tx(
+        sender=sender,
+        package_id=LOCAL_PACKAGE_ID,
+        system=SharedRef(LOCAL_SYSTEM_OBJECT_ID, LOCAL_SYSTEM_INITIAL_SHARED_VERSION, True),
+        calls=[
+            SuiCall(
+                ObjectRef(c.object_id, c.version, object_digest(c.object_id, c.version)), c.epochs
+            )
+            for c in calls
+        ],
+        wal_coins=[ObjectRef(LOCAL_WAL_COIN_ID, 1, object_digest(LOCAL_WAL_COIN_ID, 1))],
+        gas_payment=[ObjectRef(LOCAL_GAS_COIN_ID, 1, base58.b58encode(nonce).decode())],
+        gas_price=LOCAL_GAS_PRICE_MIST,
+        gas_budget=GAS_BASE_MIST + GAS_PER_CALL_MIST * len(calls),
+        expiration_epoch=None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class LocalExtendTx:
+    sender: str
+    calls: tuple[ExtendCall, ...]
+
+
+def decode_local_extend_tx(tx_bytes: bytes) -> LocalExtendTx:
+    """Decode renewal bytes with the Sui decoder and check they target this network.
+
+    Raises ChainRejected for anything the local chain cannot execute: not a
+    programmable transaction, a command other than ``extend_blob`` (or
+    MergeCoins), another package, a System other than the local one, or a
+    Blob passed by anything but an owned ObjectRef.
+    """
+    from walkeep.backends.sui.ptb import decode_extend_tx
+
+    try:
+        tx = decode_extend_tx(tx_bytes)
+    except ValueError as exc:
+        raise ChainRejected(f"malformed transaction bytes: {exc}") from exc
+    if tx.other_commands:
+        raise ChainRejected("only system::extend_blob calls can be executed on this network")
+    if len(tx.calls) > MAX_CALLS_PER_TX:
+        raise ChainRejected(f"at most {MAX_CALLS_PER_TX} calls per transaction")
+    for i, call in enumerate(tx.calls):
+        if call.package_id != LOCAL_PACKAGE_ID:
+            raise ChainRejected(
+                f"call {i}: package {call.package_id} does not exist on this network"
+            )
+        if call.system_object_id != LOCAL_SYSTEM_OBJECT_ID or not call.system_mutable:
+            raise ChainRejected(f"call {i}: the first argument must be the local System (&mut)")
+        if call.blob_version < 0:
+            raise ChainRejected(f"call {i}: the Blob must be an owned object reference")
+    return LocalExtendTx(
+        sender=tx.sender,
+        calls=tuple(ExtendCall(c.blob_object_id, c.blob_version, c.epochs) for c in tx.calls),
     )
 
 
@@ -1221,15 +1327,7 @@ class LocalNetwork(QuiltStoreMixin):
             ExtendCall(oid, objects[oid].version if oid in objects else 0, k) for oid, k in norm
         )
         self._check_calls(sender, calls, objects, epoch)
-        tx = DecodedTx(
-            kind="extend",
-            sender=sender,
-            nonce=secrets.token_bytes(32),
-            epoch=epoch,
-            package_id=LOCAL_PACKAGE_ID,
-            calls=calls,
-        )
-        tx_bytes = encode_tx(tx)
+        tx_bytes = build_local_extend_tx(sender, calls, nonce=secrets.token_bytes(32))
         return PreparedTx(
             digest=tx_digest(tx_bytes),
             tx_bytes=base64.b64encode(tx_bytes).decode(),
@@ -1241,7 +1339,8 @@ class LocalNetwork(QuiltStoreMixin):
         """Submit a prepared transaction: all calls apply, or none do.
 
         The transaction bytes are the truth (as on Sui): the digest is
-        re-derived from them, and the calls executed are the ones they encode.
+        re-derived from them, and the calls executed are the ones they encode
+        (real Sui ``TransactionData``, decoded with the Sui adapter's decoder).
         An already-executed digest returns its recorded effects unchanged.
         """
         self._chain_op()
@@ -1249,7 +1348,6 @@ class LocalNetwork(QuiltStoreMixin):
             raise ChainRejected("transaction rejected (fault injected)")
         try:
             tx_bytes = base64.b64decode(prepared.tx_bytes, validate=True)
-            tx = decode_tx(tx_bytes)
         except ValueError as exc:
             raise ChainRejected(f"malformed transaction bytes: {exc}") from exc
         digest = tx_digest(tx_bytes)
@@ -1257,10 +1355,7 @@ class LocalNetwork(QuiltStoreMixin):
             raise ChainRejected(
                 f"digest mismatch: the bytes hash to {digest}, not {prepared.digest}"
             )
-        if tx.kind != "extend":
-            raise ChainRejected("only extend transactions can be submitted")
-        if tx.package_id != LOCAL_PACKAGE_ID:
-            raise ChainRejected(f"package {tx.package_id} does not exist on this network")
+        tx = decode_local_extend_tx(tx_bytes)
         with self._write() as c:
             done = c.execute(f"SELECT {_TX_COLS} FROM transactions WHERE digest = ?", (digest,))
             row = done.fetchone()
@@ -1432,3 +1527,13 @@ class LocalNetwork(QuiltStoreMixin):
             .fetchall()
         )
         return [_object_from_row(r) for r in rows]
+
+    def get_transaction_bytes(self, digest: str) -> str | None:
+        """The recorded transaction bytes (base64) of ``digest``; None if unknown."""
+        self._chain_op()
+        row = (
+            self._conn()
+            .execute("SELECT tx_bytes FROM transactions WHERE digest = ?", (digest,))
+            .fetchone()
+        )
+        return base64.b64encode(row[0]).decode() if row else None

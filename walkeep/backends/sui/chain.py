@@ -868,6 +868,36 @@ class SuiChain:
 
         return self._run(_get())
 
+    def walrus_targets(self) -> tuple[str, tuple[str, ...]]:
+        """(System object id, package ids a renewal may call), read live.
+
+        The packages are today's ``System.package_id`` (and ``new_package_id``
+        during an upgrade): a renewal made before a Walrus upgrade called an
+        older package version, which an audit reports as such.
+        """
+        state = self.walrus_state()
+        packages = (state.package_id,) + ((state.new_package_id,) if state.new_package_id else ())
+        return self.preset.system_object_id, tuple(normalize_address(p) for p in packages)
+
+    def get_transaction_bytes(self, digest: str) -> str | None:
+        """The executed transaction's BCS bytes (base64) as the node returns them.
+
+        None if the node does not know the digest. Raises ChainUnavailable
+        when the node answers without the BCS form (an audit must not fall
+        back to Walkeep's own copy of the bytes).
+        """
+
+        async def _get() -> str | None:
+            executed = await self._lookup(digest)
+            if executed is None:
+                return None
+            transaction = executed.transaction
+            if transaction is None or transaction.bcs is None or not transaction.bcs.value:
+                raise ChainUnavailable(f"the node returned {digest} without its BCS bytes")
+            return base64.b64encode(bytes(transaction.bcs.value)).decode()
+
+        return self._run(_get())
+
     # Two submitters spending the same WAL/gas coin versions would equivocate and
     # lock the coins until the epoch ends: renewal passes must not overlap.
     single_submitter = True

@@ -1,0 +1,513 @@
+"""Alerts: tell an operator's webhook *before* anything pauses, and when it does.
+
+Events (``EVENT_TYPES``): ``balance.low`` (funded runway fell below the
+account's threshold), ``memories.paused``, ``memories.resumed``,
+``topup.credited``, ``renewal.failed``, and ``alert.test`` (``walkeep alerts
+test``).
+
+Design: an **outbox**. :func:`emit` inserts the event in the caller's
+database transaction — the same one that pauses memories, resumes them,
+credits a top-up or gives up on a renewal — so an event exists exactly when
+its cause was committed: none is lost on a crash, none is invented by a
+rolled-back change. Accounts without a webhook get no rows at all.
+
+The worker job ``deliver_alerts`` (:func:`deliver_alerts`) first evaluates
+``balance.low`` for every account with a webhook, then POSTs due events with
+httpx: short timeouts, exponential backoff with a cap, at least once (a crash
+after a send and before its record re-sends after a lease), each attempt
+recorded in ``alert_deliveries``. Receivers deduplicate on the event id; the
+body is stored once, so every retry sends the same bytes. Tool calls never
+wait for any of this.
+
+Signature: ``Walkeep-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret,
+"<t>." + body)>`` — Stripe's scheme, so receivers can reuse their code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.orm import Session
+
+from walkeep import ledger
+from walkeep.db.models import Account, AlertDelivery, AlertEvent, AlertSettings
+from walkeep.errors import NotFound, ValidationError
+from walkeep.ids import _token
+from walkeep.service.balance import renewal_burn_mc_per_epoch
+from walkeep.service.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+EVENT_TYPES = (
+    "balance.low",
+    "memories.paused",
+    "memories.resumed",
+    "topup.credited",
+    "renewal.failed",
+    "alert.test",
+)
+DEFAULT_THRESHOLD_EPOCHS = 4
+MAX_THRESHOLD_EPOCHS = 52
+MAX_URL_CHARS = 2000
+SIGNATURE_HEADER = "Walkeep-Signature"
+# First retry after this many seconds, doubling per failed attempt up to the cap.
+BACKOFF_BASE_SECONDS = 30
+# A claimed event is re-sent after this long if its sender died before recording.
+LEASE_SECONDS = 300
+
+
+def new_event_id() -> str:
+    return "evt_" + _token(26)
+
+
+# --- settings -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AlertSettingsView:
+    account_id: str
+    url: str
+    threshold_epochs: int
+    secret_hint: str  # the secret's last characters, to tell which one a receiver holds
+    balance_low: bool
+    pending_events: int
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryView:
+    event_id: str
+    type: str
+    attempt: int
+    ok: bool
+    status_code: int | None
+    error: str | None
+    duration_ms: int
+    attempted_at: datetime
+    url: str
+    event_status: str  # pending | delivered | failed
+
+
+def validate_url(url: object) -> str:
+    """An absolute http(s) URL with a host and no credentials; VALIDATION_ERROR otherwise.
+
+    Credentials in a URL end up in logs and in ``alerts show``; the signing
+    secret is how a receiver authenticates Walkeep.
+    """
+    if not isinstance(url, str) or not url.strip():
+        raise ValidationError("url is required", {"url": url})
+    url = url.strip()
+    if len(url) > MAX_URL_CHARS:
+        raise ValidationError(f"url is longer than {MAX_URL_CHARS} characters", {})
+    if any(ch.isspace() or ord(ch) < 32 or ord(ch) == 127 for ch in url):
+        raise ValidationError("url must not contain spaces or control characters", {"url": url})
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises on a malformed port
+    except ValueError as exc:
+        raise ValidationError(f"url is malformed: {exc}", {"url": url}) from None
+    if parts.scheme.lower() not in ("http", "https"):
+        raise ValidationError("url must start with http:// or https://", {"url": url})
+    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
+        raise ValidationError(
+            "url must not carry credentials (user:password@); receivers verify the "
+            "Walkeep-Signature header instead",
+            {},
+        )
+    if not parts.hostname:
+        raise ValidationError("url needs a host", {"url": url})
+    if port == 0:
+        raise ValidationError("url has an invalid port", {"url": url})
+    return url
+
+
+def _threshold(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValidationError("threshold_epochs must be an integer", {"threshold_epochs": value})
+    if not 1 <= value <= MAX_THRESHOLD_EPOCHS:
+        raise ValidationError(
+            f"threshold_epochs must be between 1 and {MAX_THRESHOLD_EPOCHS}",
+            {"threshold_epochs": value},
+        )
+    return value
+
+
+def _hint(secret: str) -> str:
+    return "whsec_…" + secret[-4:]
+
+
+def set_alert_webhook(
+    rt: Runtime, account_id: str, url: str, threshold_epochs: int | None = None
+) -> str:
+    """Set (or replace) the account's webhook; returns a NEW signing secret, shown once.
+
+    ``threshold_epochs`` defaults to the current value (4 for a new webhook).
+    Every call issues a fresh secret, so a leaked one is rotated by setting
+    the webhook again. Events already pending go to the new URL, signed with
+    the new secret.
+    """
+    url = validate_url(url)
+    threshold = None if threshold_epochs is None else _threshold(threshold_epochs)
+    secret = "whsec_" + secrets.token_urlsafe(32)
+    now = rt.clock.now()
+    with rt.db.begin() as s:
+        if s.get(Account, account_id) is None:
+            raise NotFound(f"unknown account {account_id}", {"account_id": account_id})
+        row = s.get(AlertSettings, account_id, with_for_update=rt.db.is_postgres or None)
+        if row is None:
+            s.add(
+                AlertSettings(
+                    account_id=account_id,
+                    url=url,
+                    secret=secret,
+                    threshold_epochs=threshold or DEFAULT_THRESHOLD_EPOCHS,
+                    balance_low=False,
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+        else:
+            row.url = url
+            row.secret = secret
+            if threshold is not None and threshold != row.threshold_epochs:
+                row.threshold_epochs = threshold
+                row.balance_low = False  # re-evaluated against the new threshold
+            row.updated_at = now
+    return secret
+
+
+def remove_alert_webhook(rt: Runtime, account_id: str) -> int:
+    """Stop alerts for the account; pending events are dropped. Returns how many."""
+    with rt.db.begin() as s:
+        if s.get(AlertSettings, account_id) is None:
+            raise NotFound("no alert webhook is set for this account", {"account_id": account_id})
+        dropped = s.execute(
+            update(AlertEvent)
+            .where(AlertEvent.account_id == account_id, AlertEvent.status == "pending")
+            .values(status="failed")
+        )
+        s.execute(delete(AlertSettings).where(AlertSettings.account_id == account_id))
+        return int(dropped.rowcount or 0)  # type: ignore[attr-defined]
+
+
+def get_alert_settings(rt: Runtime, account_id: str) -> AlertSettingsView | None:
+    """The account's webhook (never the secret itself), or None if none is set."""
+    with rt.db.read() as s:
+        row = s.get(AlertSettings, account_id)
+        if row is None:
+            return None
+        pending = s.scalar(
+            select(func.count())
+            .select_from(AlertEvent)
+            .where(AlertEvent.account_id == account_id, AlertEvent.status == "pending")
+        )
+        return AlertSettingsView(
+            account_id=row.account_id,
+            url=row.url,
+            threshold_epochs=row.threshold_epochs,
+            secret_hint=_hint(row.secret),
+            balance_low=row.balance_low,
+            pending_events=int(pending or 0),
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+        )
+
+
+def recent_deliveries(rt: Runtime, account_id: str, limit: int = 20) -> list[DeliveryView]:
+    """The account's latest delivery attempts, newest first."""
+    limit = max(1, min(int(limit), 500))
+    with rt.db.read() as s:
+        rows = s.execute(
+            select(
+                AlertDelivery.event_id,
+                AlertEvent.type,
+                AlertDelivery.attempt,
+                AlertDelivery.status_code,
+                AlertDelivery.error,
+                AlertDelivery.duration_ms,
+                AlertDelivery.attempted_at,
+                AlertDelivery.url,
+                AlertEvent.status,
+            )
+            .join(AlertEvent, AlertEvent.id == AlertDelivery.event_id)
+            .where(AlertDelivery.account_id == account_id)
+            .order_by(AlertDelivery.attempted_at.desc(), AlertDelivery.id.desc())
+            .limit(limit)
+        ).all()
+    return [
+        DeliveryView(
+            event_id=r[0],
+            type=r[1],
+            attempt=r[2],
+            ok=r[3] is not None and 200 <= r[3] < 300,
+            status_code=r[3],
+            error=r[4],
+            duration_ms=r[5],
+            attempted_at=r[6],
+            url=r[7],
+            event_status=r[8],
+        )
+        for r in rows
+    ]
+
+
+# --- the outbox -------------------------------------------------------------------------------
+
+
+def emit(s: Session, account_id: str, type_: str, data: dict[str, Any]) -> str | None:
+    """Queue an event in ``s``'s transaction; returns its id (None: no webhook set).
+
+    Call it from the transaction that makes the change the event reports, so
+    the event commits or rolls back with it.
+    """
+    if type_ not in EVENT_TYPES:
+        raise ValueError(f"unknown alert event type {type_!r}")
+    if (
+        s.scalar(select(AlertSettings.account_id).where(AlertSettings.account_id == account_id))
+        is None
+    ):
+        return None
+    now: datetime = s.info["clock"].now()
+    event_id = new_event_id()
+    body = json.dumps(
+        {
+            "id": event_id,
+            "type": type_,
+            "account_id": account_id,
+            "created_at": now.isoformat().replace("+00:00", "Z"),
+            "data": data,
+        },
+        separators=(",", ":"),
+        sort_keys=True,
+    )
+    s.add(
+        AlertEvent(
+            id=event_id,
+            account_id=account_id,
+            type=type_,
+            body=body,
+            status="pending",
+            attempts=0,
+            next_attempt_at=now,
+            created_at=now,
+        )
+    )
+    return event_id
+
+
+def send_test_event(rt: Runtime, account_id: str) -> str:
+    """Queue an ``alert.test`` event; NOT_FOUND if the account has no webhook."""
+    with rt.db.begin() as s:
+        event_id = emit(
+            s, account_id, "alert.test", {"note": "test event from `walkeep alerts test`"}
+        )
+    if event_id is None:
+        raise NotFound("no alert webhook is set for this account", {"account_id": account_id})
+    return event_id
+
+
+# --- balance.low: fire on the crossing, re-arm on the way back ---------------------------------
+
+
+def funded_runway_epochs(rt: Runtime, account_id: str) -> tuple[int | None, int, int]:
+    """(epochs of renewals the available credits fund, available mc, burn mc per epoch).
+
+    Epochs is None when nothing is kept for renewal (no burn: nothing can run
+    out). Reuses check_balance's estimate: every live blob holding an active
+    or paused memory, at its renewal price for one epoch.
+    """
+    burn, _min_runway = renewal_burn_mc_per_epoch(rt, account_id)
+    with rt.db.read() as s:
+        available = ledger.balance(s, account_id).available_mc
+    return (available // burn if burn > 0 else None), available, burn
+
+
+def check_low_balances(rt: Runtime) -> int:
+    """Evaluate ``balance.low`` for every account with a webhook; returns events fired."""
+    with rt.db.read() as s:
+        account_ids = list(s.scalars(select(AlertSettings.account_id).order_by("account_id")))
+    fired = 0
+    for account_id in account_ids:
+        epochs, available, burn = funded_runway_epochs(rt, account_id)
+        with rt.db.begin() as s:
+            row = s.get(AlertSettings, account_id, with_for_update=rt.db.is_postgres or None)
+            if row is None:
+                continue
+            low = epochs is not None and epochs < row.threshold_epochs
+            if low and not row.balance_low:
+                row.balance_low = True
+                emit(
+                    s,
+                    account_id,
+                    "balance.low",
+                    {
+                        "funded_runway_epochs": epochs,
+                        "threshold_epochs": row.threshold_epochs,
+                        "available_mc": available,
+                        "renewal_cost_mc_per_epoch": burn,
+                        "note": "top up soon: renewals pause when credits cannot cover them",
+                    },
+                )
+                fired += 1
+            elif not low and row.balance_low:
+                row.balance_low = False  # re-armed: the next crossing fires again
+    return fired
+
+
+# --- delivery ---------------------------------------------------------------------------------
+
+
+def sign(secret: str, timestamp: int, body: bytes) -> str:
+    """The ``Walkeep-Signature`` header value for ``body`` sent at ``timestamp``."""
+    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
+    return f"t={timestamp},v1={mac.hexdigest()}"
+
+
+def backoff_seconds(attempts: int, cap: int) -> int:
+    """Delay before the next try after ``attempts`` failed ones: 30 s, 60 s, … up to ``cap``."""
+    return int(min(cap, BACKOFF_BASE_SECONDS * 2 ** min(max(attempts - 1, 0), 20)))
+
+
+@dataclass
+class DeliverReport:
+    low_balance_fired: int = 0
+    attempted: int = 0
+    delivered: int = 0
+    retrying: int = 0
+    gave_up: int = 0
+    event_ids: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class _Due:
+    event_id: str
+    account_id: str
+    body: str
+    attempts: int
+    url: str
+    secret: str
+
+
+def _claim(rt: Runtime, limit: int, event_id: str | None) -> list[_Due]:
+    """Take due events and lease them, so another worker skips them meanwhile."""
+    now = rt.clock.now()
+    q = (
+        select(
+            AlertEvent.id,
+            AlertEvent.account_id,
+            AlertEvent.body,
+            AlertEvent.attempts,
+            AlertSettings.url,
+            AlertSettings.secret,
+        )
+        .join(AlertSettings, AlertSettings.account_id == AlertEvent.account_id)
+        .where(AlertEvent.status == "pending")
+        .order_by(AlertEvent.next_attempt_at, AlertEvent.created_at, AlertEvent.id)
+        .limit(limit)
+    )
+    q = (
+        q.where(AlertEvent.id == event_id)
+        if event_id
+        else q.where(AlertEvent.next_attempt_at <= now)
+    )
+    if rt.db.is_postgres:
+        q = q.with_for_update(skip_locked=True, of=AlertEvent)
+    with rt.db.begin() as s:
+        due = [_Due(*row) for row in s.execute(q)]
+        if due:
+            s.execute(
+                update(AlertEvent)
+                .where(AlertEvent.id.in_([d.event_id for d in due]))
+                .values(next_attempt_at=now + timedelta(seconds=LEASE_SECONDS))
+            )
+    return due
+
+
+def _post(client: httpx.Client, rt: Runtime, due: _Due) -> tuple[int | None, str | None, int]:
+    body = due.body.encode()
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": "Walkeep-Alerts/1",
+        "Walkeep-Event-Id": due.event_id,
+        SIGNATURE_HEADER: sign(due.secret, int(rt.clock.time()), body),
+    }
+    started = time.perf_counter()
+    try:
+        resp = client.post(due.url, content=body, headers=headers)
+        code: int | None = resp.status_code
+        error = None if 200 <= resp.status_code < 300 else f"HTTP {resp.status_code}"
+    except httpx.HTTPError as exc:
+        code, error = None, f"{type(exc).__name__}: {exc}"[:500]
+    return code, error, int((time.perf_counter() - started) * 1000)
+
+
+def deliver_alerts(rt: Runtime, *, limit: int = 100, event_id: str | None = None) -> DeliverReport:
+    """The ``deliver_alerts`` job: evaluate balance.low, then send what is due.
+
+    With ``event_id``, send just that pending event now (``walkeep alerts test``).
+    """
+    report = DeliverReport()
+    if event_id is None:
+        report.low_balance_fired = check_low_balances(rt)
+    settings = rt.settings
+    due = _claim(rt, limit, event_id)
+    if not due:
+        return report
+    timeout = httpx.Timeout(settings.alert_timeout_seconds, connect=settings.alert_timeout_seconds)
+    with httpx.Client(timeout=timeout, follow_redirects=False) as client:
+        for d in due:
+            code, error, ms = _post(client, rt, d)
+            _record(rt, d, code, error, ms, report)
+    return report
+
+
+def _record(
+    rt: Runtime, d: _Due, code: int | None, error: str | None, ms: int, report: DeliverReport
+) -> None:
+    now = rt.clock.now()
+    attempt = d.attempts + 1
+    ok = error is None
+    values: dict[str, Any] = {"attempts": attempt}
+    if ok:
+        values.update(status="delivered", delivered_at=now)
+        report.delivered += 1
+    elif attempt >= rt.settings.alert_max_attempts:
+        values.update(status="failed")
+        report.gave_up += 1
+        log.error("alert %s dropped after %d attempts: %s", d.event_id, attempt, error)
+    else:
+        delay = backoff_seconds(attempt, rt.settings.alert_backoff_cap_seconds)
+        values.update(next_attempt_at=now + timedelta(seconds=delay))
+        report.retrying += 1
+    with rt.db.begin() as s:
+        s.add(
+            AlertDelivery(
+                event_id=d.event_id,
+                account_id=d.account_id,
+                url=d.url[:MAX_URL_CHARS],
+                attempt=attempt,
+                status_code=code,
+                error=error,
+                duration_ms=ms,
+                attempted_at=now,
+            )
+        )
+        s.execute(
+            update(AlertEvent)
+            .where(AlertEvent.id == d.event_id, AlertEvent.status == "pending")
+            .values(**values)
+        )
+    report.attempted += 1
+    report.event_ids.append(d.event_id)

@@ -1,0 +1,302 @@
+"""``walkeep verify``: check Walkeep's renewal records against the chain, fact by fact.
+
+An auditor should not have to trust Walkeep's database. For a renewal digest
+this fetches the transaction bytes *from the chain*, recomputes the digest
+(``base58(blake2b256("TransactionData::" ‖ bytes))``), decodes every
+``system::extend_blob`` call with the same decoder the Sui adapter uses, and
+compares each call with the records (``renewals`` + ``renewal_items`` +
+``blobs``): package, function, System object, Blob object, epochs (u32), old →
+new end epoch from the effects, the effects' status and the sender (the server
+wallet). For a memory it walks the whole renewal history of the memory's blob.
+
+Transport-free: the CLI prints the facts, and the console can render the same
+:class:`VerifyReport` as a page.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import asdict, dataclass, field
+from itertools import pairwise
+from typing import Any
+
+from sqlalchemy import select
+
+from walkeep.backends.base import ChainError
+from walkeep.backends.sui.codec import tx_digest
+from walkeep.backends.sui.ptb import DecodedExtend, decode_extend_tx
+from walkeep.db.models import Blob, Memory, Renewal, RenewalItem
+from walkeep.errors import NotFound, ValidationError
+from walkeep.service.runtime import Runtime
+
+
+@dataclass(frozen=True, slots=True)
+class Fact:
+    """One checked statement: PASS or FAIL, with what was expected and what was found."""
+
+    name: str
+    ok: bool
+    detail: str = ""
+
+    def line(self) -> str:
+        return f"{'PASS' if self.ok else 'FAIL'} {self.name}" + (
+            f": {self.detail}" if self.detail else ""
+        )
+
+
+@dataclass
+class VerifyReport:
+    subject: str  # a digest, or a memory id
+    network: str
+    facts: list[Fact] = field(default_factory=list)
+    digests: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.facts) and all(f.ok for f in self.facts)
+
+    def check(self, name: str, ok: bool, detail: str = "") -> bool:
+        self.facts.append(Fact(name, bool(ok), detail))
+        return bool(ok)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "subject": self.subject,
+            "network": self.network,
+            "ok": self.ok,
+            "digests": self.digests,
+            "facts": [asdict(f) for f in self.facts],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class _Item:
+    blob_object_id: str
+    epochs: int
+    old_end_epoch: int
+    new_end_epoch: int
+
+
+def _items(rt: Runtime, renewal_id: int) -> list[_Item]:
+    with rt.db.read() as s:
+        rows = s.execute(
+            select(
+                Blob.blob_object_id,
+                RenewalItem.epochs,
+                RenewalItem.old_end_epoch,
+                RenewalItem.new_end_epoch,
+            )
+            .join(Blob, Blob.id == RenewalItem.blob_pk)
+            .where(RenewalItem.renewal_id == renewal_id)
+            .order_by(RenewalItem.id)
+        ).all()
+    return [_Item(*r) for r in rows]
+
+
+def verify_digest(rt: Runtime, digest: str) -> VerifyReport:
+    """Every fact about one renewal transaction (see the module docstring)."""
+    digest = (digest or "").strip()
+    if not digest or len(digest) > 100:
+        raise ValidationError("give a transaction digest (base58, ~44 characters)", {})
+    report = VerifyReport(subject=digest, network=rt.chain.network, digests=[digest])
+    _verify_into(rt, digest, report, prefix="")
+    return report
+
+
+def _verify_into(rt: Runtime, digest: str, report: VerifyReport, *, prefix: str) -> None:
+    p = prefix
+    with rt.db.read() as s:
+        rec = s.execute(
+            select(Renewal.id, Renewal.status, Renewal.network, Renewal.tx_bytes).where(
+                Renewal.digest == digest
+            )
+        ).first()
+    if not report.check(
+        f"{p}renewal record",
+        rec is not None,
+        f"{digest} is renewal #{rec[0]} ({rec[1]})"
+        if rec
+        else f"Walkeep has no renewal with digest {digest}",
+    ):
+        return
+    assert rec is not None
+    renewal_id, status, network, recorded_bytes = rec
+    report.check(
+        f"{p}network",
+        network == rt.chain.network,
+        f"recorded {network}, checking {rt.chain.network}",
+    )
+    try:
+        chain_b64 = rt.chain.get_transaction_bytes(digest)
+    except ChainError as exc:
+        report.check(f"{p}transaction on chain", False, f"could not fetch it: {exc}")
+        return
+    if status != "confirmed":
+        # A failed or abandoned intent must not exist on chain (nothing was billed for it);
+        # an intent still in flight cannot be judged yet.
+        if status == "intent":
+            report.check(f"{p}renewal settled", False, "still an intent: run it again later")
+        else:
+            report.check(
+                f"{p}not on chain",
+                chain_b64 is None,
+                f"recorded as {status} (holds released); the chain "
+                + ("has it: MISMATCH" if chain_b64 else "does not know it"),
+            )
+        return
+    if not report.check(
+        f"{p}transaction on chain",
+        chain_b64 is not None,
+        "fetched its bytes" if chain_b64 else "the chain does not know this digest",
+    ):
+        return
+    assert chain_b64 is not None
+    try:
+        raw = base64.b64decode(chain_b64, validate=True)
+    except (ValueError, binascii.Error):
+        report.check(f"{p}transaction bytes", False, "the chain returned bytes that are not base64")
+        return
+    recomputed = tx_digest(raw)
+    report.check(
+        f"{p}digest",
+        recomputed == digest,
+        f"base58(blake2b256('TransactionData::' ‖ bytes)) = {recomputed}",
+    )
+    report.check(
+        f"{p}recorded bytes",
+        recorded_bytes == chain_b64,
+        "Walkeep's intent holds the same bytes"
+        if recorded_bytes == chain_b64
+        else "Walkeep's intent recorded different bytes",
+    )
+    try:
+        tx: DecodedExtend | None = decode_extend_tx(raw)
+    except ValueError as exc:
+        report.check(f"{p}decode", False, str(exc))
+        tx = None
+    if tx is None:
+        return
+    owner = rt.chain.owner_address()
+    report.check(f"{p}sender", tx.sender == owner, f"{tx.sender} (server wallet {owner})")
+    try:
+        effects = rt.chain.get_transaction(digest)
+    except ChainError as exc:
+        report.check(f"{p}effects", False, f"could not fetch them: {exc}")
+        effects = None
+    if effects is not None:
+        report.check(
+            f"{p}effects status",
+            effects.success,
+            "success" if effects.success else f"failed: {effects.error}",
+        )
+    targets = getattr(rt.chain, "walrus_targets", None)
+    system_id, packages = targets() if targets else (None, ())
+    report.check(
+        f"{p}calls",
+        tx.other_commands == 0 and len(tx.calls) > 0,
+        f"{len(tx.calls)} extend_blob call(s), {tx.other_commands} other command(s)",
+    )
+    items = _items(rt, renewal_id)
+    report.check(
+        f"{p}call count",
+        len(tx.calls) == len(items),
+        f"{len(tx.calls)} on chain, {len(items)} in Walkeep's records",
+    )
+    extensions = {e.blob_object_id: e for e in effects.extensions} if effects else {}
+    for i, call in enumerate(tx.calls):
+        c = f"{p}call {i}"
+        if packages:
+            report.check(
+                f"{c} package",
+                call.package_id in packages,
+                f"{call.package_id}" + ("" if call.package_id in packages else " is not Walrus's"),
+            )
+        report.check(
+            f"{c} function",
+            (call.module, call.function) == ("system", "extend_blob"),
+            f"{call.module}::{call.function}",
+        )
+        if system_id:
+            report.check(
+                f"{c} System object",
+                call.system_object_id == system_id and call.system_mutable,
+                f"{call.system_object_id} (&mut: {call.system_mutable})",
+            )
+        item = items[i] if i < len(items) else None
+        if item is None:
+            report.check(f"{c} record", False, f"no record for blob {call.blob_object_id}")
+            continue
+        report.check(
+            f"{c} blob object",
+            call.blob_object_id == item.blob_object_id,
+            f"chain {call.blob_object_id}, record {item.blob_object_id}",
+        )
+        report.check(
+            f"{c} epochs",
+            call.epochs == item.epochs,
+            f"u32 {call.epochs} on chain, {item.epochs} in the record",
+        )
+        ext = extensions.get(call.blob_object_id)
+        if effects is not None:
+            report.check(
+                f"{c} end epoch",
+                ext is not None
+                and (ext.old_end_epoch, ext.new_end_epoch)
+                == (item.old_end_epoch, item.new_end_epoch)
+                and item.new_end_epoch == item.old_end_epoch + item.epochs,
+                (f"chain {ext.old_end_epoch} → {ext.new_end_epoch}" if ext else "chain: none")
+                + f", record {item.old_end_epoch} → {item.new_end_epoch}",
+            )
+
+
+def verify_memory(rt: Runtime, memory_id: str) -> VerifyReport:
+    """Every renewal of the memory's blob, in order, plus the continuity of its end epochs."""
+    memory_id = (memory_id or "").strip()
+    with rt.db.read() as s:
+        row = s.execute(
+            select(Blob.id, Blob.blob_object_id, Blob.end_epoch)
+            .join(Memory, Memory.blob_pk == Blob.id)
+            .where(Memory.id == memory_id)
+        ).first()
+        if row is None:
+            raise NotFound("unknown memory, or it has no blob yet", {"memory_id": memory_id})
+        blob_pk, object_id, end_epoch = row
+        history = s.execute(
+            select(
+                Renewal.digest,
+                Renewal.status,
+                RenewalItem.old_end_epoch,
+                RenewalItem.new_end_epoch,
+            )
+            .join(Renewal, Renewal.id == RenewalItem.renewal_id)
+            .where(RenewalItem.blob_pk == blob_pk)
+            .order_by(Renewal.id, RenewalItem.id)
+        ).all()
+    report = VerifyReport(subject=memory_id, network=rt.chain.network)
+    report.check("blob", True, f"{memory_id} is held by blob object {object_id}")
+    confirmed = [h for h in history if h[1] == "confirmed"]
+    if not history:
+        report.check("renewals", True, "never renewed yet: nothing to verify on chain")
+    for digest in dict.fromkeys(h[0] for h in history):
+        report.digests.append(digest)
+        _verify_into(rt, digest, report, prefix=f"[{digest[:10]}…] ")
+    for prev, cur in pairwise(confirmed):
+        report.check(
+            f"[{cur[0][:10]}…] continuity",
+            cur[2] == prev[3],
+            f"starts at {cur[2]}, previous renewal ended at {prev[3]}",
+        )
+    try:
+        obj = rt.chain.get_blob(object_id)
+    except ChainError as exc:
+        report.check("blob on chain", False, f"could not fetch it: {exc}")
+        return report
+    if confirmed:
+        last = confirmed[-1][3]
+        report.check(
+            "end epoch",
+            obj is not None and obj.end_epoch == last == end_epoch,
+            f"chain {obj.end_epoch if obj else 'missing'}, record {end_epoch}, last renewal {last}",
+        )
+    return report
