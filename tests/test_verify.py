@@ -17,9 +17,9 @@ from walkeep.clock import ManualClock
 from walkeep.config import Settings
 from walkeep.db.models import Blob, Memory, Renewal, RenewalItem
 from walkeep.errors import NotFound
+from walkeep.scheduler.jobs import run_job
 from walkeep.service import store, verify
 from walkeep.service.runtime import Runtime
-from walkeep.scheduler.jobs import run_job
 
 
 def _renewed_world(rt: Runtime, clock: ManualClock) -> tuple[list[str], list[str]]:

@@ -713,7 +713,7 @@ def alerts_set(
             "--threshold-epochs", help="balance.low below this funded runway (default 4)."
         ),
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Set the account's alert webhook; prints a new signing secret (shown once)."""
     from walkeep.service import alerts
@@ -742,7 +742,7 @@ def alerts_set(
 def alerts_show(
     account: Annotated[str, typer.Option("--account", help="Account id or name.")],
     limit: Annotated[int, typer.Option(help="How many recent deliveries to list.")] = 20,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Show the webhook (never the secret) and the latest delivery attempts."""
     from walkeep.service import alerts
@@ -789,7 +789,7 @@ def alerts_show(
 @alerts_app.command("test")
 def alerts_test(
     account: Annotated[str, typer.Option("--account", help="Account id or name.")],
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Send an alert.test event now and report what the receiver answered."""
     from walkeep.service import alerts
@@ -840,7 +840,7 @@ def verify(
     memory: Annotated[
         str | None, typer.Option("--memory", help="Check every renewal of this memory's blob.")
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Audit renewals against the chain: one PASS/FAIL line per fact, non-zero on any FAIL."""
     from walkeep.service import verify as audit

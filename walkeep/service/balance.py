@@ -7,7 +7,7 @@ from sqlalchemy import func, select
 from walkeep import ledger, lifecycle, pricing
 from walkeep.db.models import Blob, Memory
 from walkeep.lifecycle import BlobStatus, MemoryStatus
-from walkeep.service.renew import KEPT, blob_renewal_cost_mc, quilt_shares
+from walkeep.service.renewal_price import KEPT, blob_renewal_cost_mc, quilt_shares
 from walkeep.service.runtime import Runtime
 from walkeep.service.schemas import BalanceResult
 from walkeep.service.views import human_duration

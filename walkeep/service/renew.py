@@ -35,7 +35,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
 
 from sqlalchemy import exists, func, insert, select, text, update
 from sqlalchemy.orm import Session
@@ -54,6 +53,11 @@ from walkeep.db.models import Account, Blob, Memory, Renewal, RenewalItem
 from walkeep.errors import InsufficientBalance
 from walkeep.lifecycle import BlobStatus, MemoryStatus
 from walkeep.service import alerts
+from walkeep.service.renewal_price import (
+    ACTIVE_ONLY,
+    blob_renewal_cost_mc,
+    quilt_shares,
+)
 from walkeep.service.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -233,38 +237,6 @@ def resume_eligible(rt: Runtime) -> int:
             if ledger.balance(s, account_id).available_mc >= max(need, 1):
                 total += resume_paused(s, account_id)
     return total
-
-
-ACTIVE_ONLY = (MemoryStatus.ACTIVE,)
-KEPT = (MemoryStatus.ACTIVE, MemoryStatus.PAUSED)
-
-
-def quilt_shares(
-    s: Session, quilt_pks: list[int], statuses: tuple[MemoryStatus, ...]
-) -> dict[int, int]:
-    """Per quilt, the sum of its members' fixed shares (millionths of a unit), counting
-    identical copies (one patch) once; only members in ``statuses``."""
-    if not quilt_pks:
-        return {}
-    members = (
-        select(Memory.blob_pk, Memory.blob_id, Memory.share_micro)
-        .where(Memory.blob_pk.in_(quilt_pks), Memory.status.in_(list(statuses)))
-        .distinct()
-        .subquery()
-    )
-    rows = s.execute(
-        select(members.c.blob_pk, func.sum(members.c.share_micro)).group_by(members.c.blob_pk)
-    )
-    return {int(pk): int(total or 0) for pk, total in rows}
-
-
-def blob_renewal_cost_mc(blob: Any, shares: dict[int, int], epochs: int, price: int) -> int:
-    """What an account pays to extend ``blob`` by ``epochs``: a plain blob's whole
-    encoded units; for a quilt, only its kept members' fixed shares — the shares of
-    forgotten members are Walkeep's cost (``walkeep_quilt_unbilled_mc_total``)."""
-    if blob.kind == "quilt":
-        return pricing.share_renewal_cost_mc(shares.get(blob.id, 0), epochs, price)
-    return pricing.renewal_cost_mc(blob.storage_size, epochs, price)
 
 
 def batch_size(rt: Runtime) -> int:

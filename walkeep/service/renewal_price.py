@@ -1,0 +1,48 @@
+"""What renewing a blob costs its account: a plain blob's units, or a quilt's kept shares.
+
+One home for the price of a renewal, shared by the renewal pass (what it holds
+and captures), ``check_balance`` (what the balance funds) and the alerts
+(``balance.low``), so they can never disagree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from walkeep import pricing
+from walkeep.db.models import Memory
+from walkeep.lifecycle import MemoryStatus
+
+ACTIVE_ONLY = (MemoryStatus.ACTIVE,)
+KEPT = (MemoryStatus.ACTIVE, MemoryStatus.PAUSED)
+
+
+def quilt_shares(
+    s: Session, quilt_pks: list[int], statuses: tuple[MemoryStatus, ...]
+) -> dict[int, int]:
+    """Per quilt, the sum of its members' fixed shares (millionths of a unit), counting
+    identical copies (one patch) once; only members in ``statuses``."""
+    if not quilt_pks:
+        return {}
+    members = (
+        select(Memory.blob_pk, Memory.blob_id, Memory.share_micro)
+        .where(Memory.blob_pk.in_(quilt_pks), Memory.status.in_(list(statuses)))
+        .distinct()
+        .subquery()
+    )
+    rows = s.execute(
+        select(members.c.blob_pk, func.sum(members.c.share_micro)).group_by(members.c.blob_pk)
+    )
+    return {int(pk): int(total or 0) for pk, total in rows}
+
+
+def blob_renewal_cost_mc(blob: Any, shares: dict[int, int], epochs: int, price: int) -> int:
+    """What an account pays to extend ``blob`` by ``epochs``: a plain blob's whole
+    encoded units; for a quilt, only its kept members' fixed shares — the shares of
+    forgotten members are Walkeep's cost (``walkeep_quilt_unbilled_mc_total``)."""
+    if blob.kind == "quilt":
+        return pricing.share_renewal_cost_mc(shares.get(blob.id, 0), epochs, price)
+    return pricing.renewal_cost_mc(blob.storage_size, epochs, price)
