@@ -11,7 +11,7 @@ from decimal import Decimal
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from starlette.concurrency import run_in_threadpool
 
 from walkeep.api.auth import KeyCache, bearer_token
@@ -80,27 +80,48 @@ class _In(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# The request models state every rule the service enforces (at the default settings),
+# so a request the OpenAPI document calls valid is never refused as malformed: the
+# conformance test (tests/test_openapi_conformance.py) holds them to it.
+# At least one character that is not whitespace to Python's str.strip() either
+# (which also strips U+001C–U+001F and U+0085, unlike ECMAScript's \s).
+NON_BLANK = r"[^\s\u001c-\u001f\u0085]"
+MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+MetadataValue = Annotated[str, StringConstraints(max_length=1024)]
+
+
 class StoreIn(_In):
-    content: str = Field(min_length=1)
-    request_id: str = Field(min_length=1, max_length=255)
-    namespace: str | None = Field(default=None, min_length=1, max_length=255)
-    metadata: dict[str, str] | None = None
+    content: str = Field(
+        min_length=1,
+        pattern=NON_BLANK,
+        description="The memory (at most WALKEEP_MAX_MEMORY_BYTES UTF-8 bytes, else 429).",
+    )
+    request_id: str = Field(min_length=1, max_length=255, pattern=NON_BLANK)
+    namespace: str | None = Field(
+        default=None, min_length=1, max_length=255, description="At most 255 UTF-8 bytes."
+    )
+    metadata: dict[MetadataKey, MetadataValue] | None = Field(default=None, max_length=32)
 
 
 class RecallIn(_In):
-    query: str = Field(min_length=1, max_length=4096)
+    query: str = Field(min_length=1, max_length=4096, pattern=NON_BLANK)
     namespace: str | None = Field(default=None, min_length=1, max_length=255)
     limit: int = Field(default=5, ge=1, le=50)
 
 
 class TopUpIn(_In):
-    amount_usd: Decimal = Field(gt=0)
-    request_id: str = Field(min_length=1, max_length=255)
+    amount_usd: Decimal = Field(
+        ge=Decimal("0.50"),
+        le=Decimal("10000"),
+        decimal_places=2,
+        description="Dollars, 0.50 to 10,000, at most two decimals.",
+    )
+    request_id: str = Field(min_length=1, max_length=255, pattern=NON_BLANK)
 
 
 class ForgetIn(_In):
-    memory_id: str = Field(min_length=1, max_length=200)
-    request_id: str = Field(min_length=1, max_length=255)
+    memory_id: str = Field(min_length=1, max_length=200, pattern=NON_BLANK)
+    request_id: str = Field(min_length=1, max_length=255, pattern=NON_BLANK)
 
 
 @router.post("/store", response_model=StoreResult, summary="Store a memory (async accept)")
@@ -135,7 +156,7 @@ async def recall_route(body: RecallIn, who: Auth, rt: Rt) -> RecallResult:
 async def runway_route(
     who: Auth,
     rt: Rt,
-    memory_id: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
+    memory_id: Annotated[str | None, Query(min_length=1, max_length=200, pattern=NON_BLANK)] = None,
 ) -> RunwayResult:
     return await call(  # type: ignore[no-any-return]
         rt, who, "check_runway", runway.check_runway, memory_id=memory_id
