@@ -300,3 +300,26 @@ def test_recall_and_export_namespace_defaults(rt: Runtime) -> None:
     only = recall.recall(rt, a, query="office pets", namespace="work", limit=5).results
     assert [h.content for h in only] == ["The office dog is called Rex."]
     assert {m.namespace for m in export.export(rt, a, namespace="home").memories} == {"home"}
+
+
+def test_a_value_the_database_cannot_hold_is_a_validation_error(live: Server) -> None:
+    """Regression (PostgreSQL): a NUL in an identifier was a 500/INTERNAL from psycopg."""
+    key = accounts.create_account(live.rt.db, "nul", credits_mc=10_000).api_key
+    r = httpx.post(
+        f"{live.url}/v1/forget",
+        json={"memory_id": "\x00A", "request_id": "f1"},
+        headers=_auth(key),
+        timeout=10,
+    )
+    assert r.status_code == 422 and r.json()["code"] == "VALIDATION_ERROR"
+
+    async def go() -> None:
+        async with mcp_client(live, key) as c:
+            res = await c.call_tool("forget", {"memory_id": "\x00A", "request_id": "f2"})
+            body = sc(res)
+            # PostgreSQL refuses the value (VALIDATION_ERROR); SQLite stores NULs, so
+            # there the id is simply unknown. Never INTERNAL.
+            expected = "VALIDATION_ERROR" if live.rt.db.is_postgres else "NOT_FOUND"
+            assert res.is_error and body["code"] == expected, body
+
+    anyio.run(go)

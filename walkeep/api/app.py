@@ -38,7 +38,7 @@ from walkeep.api.middleware import (
 )
 from walkeep.api.rest import router as rest_router
 from walkeep.config import Settings
-from walkeep.db import is_outage
+from walkeep.db import is_bad_data, is_outage
 from walkeep.db.models import Memory
 from walkeep.errors import (
     Internal,
@@ -214,6 +214,10 @@ def _install_error_handlers(app: FastAPI) -> None:
         # Handled here, not by the catch-all below: Starlette re-raises what reaches
         # the catch-all, and uvicorn then drops the keep-alive connection.
         err: WalkeepError
+        if is_bad_data(exc):
+            log.warning("database refused a value: %s", type(exc).__name__)
+            err = ValidationError("a value in this request cannot be stored (e.g. a NUL character)")
+            return JSONResponse(err.body(), status_code=err.http_status)
         if not is_outage(exc):
             log.exception("database error", exc_info=exc)
             err = Internal("internal error; it was logged")

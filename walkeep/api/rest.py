@@ -84,28 +84,35 @@ class _In(BaseModel):
 # so a request the OpenAPI document calls valid is never refused as malformed: the
 # conformance test (tests/test_openapi_conformance.py) holds them to it.
 # At least one character that is not whitespace to Python's str.strip() either
-# (which also strips U+001C–U+001F and U+0085, unlike ECMAScript's \s).
-NON_BLANK = r"[^\s\u001c-\u001f\u0085]"
-MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=64)]
-MetadataValue = Annotated[str, StringConstraints(max_length=1024)]
+# (which also strips U+001C–U+001F and U+0085, unlike ECMAScript's \s), and no NUL
+# anywhere (PostgreSQL text cannot hold it).
+NON_BLANK = r"^[^\u0000]*[^\s\u0000\u001c-\u001f\u0085][^\u0000]*$"
+NO_NUL = r"^[^\u0000]*$"
+HAS_TEXT = r"[^\s\u001c-\u001f\u0085]"  # content: any characters, not only whitespace
+MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=NO_NUL)]
+MetadataValue = Annotated[str, StringConstraints(max_length=1024, pattern=NO_NUL)]
 
 
 class StoreIn(_In):
     content: str = Field(
         min_length=1,
-        pattern=NON_BLANK,
+        pattern=HAS_TEXT,
         description="The memory (at most WALKEEP_MAX_MEMORY_BYTES UTF-8 bytes, else 429).",
     )
     request_id: str = Field(min_length=1, max_length=255, pattern=NON_BLANK)
     namespace: str | None = Field(
-        default=None, min_length=1, max_length=255, description="At most 255 UTF-8 bytes."
+        default=None,
+        min_length=1,
+        max_length=255,
+        pattern=NO_NUL,
+        description="At most 255 UTF-8 bytes.",
     )
     metadata: dict[MetadataKey, MetadataValue] | None = Field(default=None, max_length=32)
 
 
 class RecallIn(_In):
     query: str = Field(min_length=1, max_length=4096, pattern=NON_BLANK)
-    namespace: str | None = Field(default=None, min_length=1, max_length=255)
+    namespace: str | None = Field(default=None, min_length=1, max_length=255, pattern=NO_NUL)
     limit: int = Field(default=5, ge=1, le=50)
 
 
@@ -188,7 +195,7 @@ async def forget_route(body: ForgetIn, who: Auth, rt: Rt) -> ForgetResult:
 async def export_route(
     who: Auth,
     rt: Rt,
-    namespace: Annotated[str | None, Query(min_length=1, max_length=255)] = None,
+    namespace: Annotated[str | None, Query(min_length=1, max_length=255, pattern=NO_NUL)] = None,
     cursor: Annotated[str | None, Query(min_length=1, max_length=export.CURSOR_MAX_CHARS)] = None,
     limit: Annotated[int | None, Query(ge=1, le=export.PAGE_MAX)] = None,
 ) -> ExportResult:

@@ -178,6 +178,20 @@ def is_outage(exc: BaseException | None) -> bool:
     return False
 
 
+def is_bad_data(exc: BaseException | None) -> bool:
+    """Whether the database refused a *value* (a NUL in PostgreSQL text, a number out
+    of range): input the schema let through, so the caller gets VALIDATION_ERROR."""
+    from sqlalchemy.exc import DataError
+
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, DataError):
+            return True
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return False
+
+
 def rowcount(result: Any) -> int:
     """Rows matched by an UPDATE/DELETE (``Session.execute`` is typed as a plain Result)."""
     return int(getattr(result, "rowcount", 0) or 0)

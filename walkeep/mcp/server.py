@@ -31,7 +31,7 @@ from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
 from walkeep import __version__, metrics
-from walkeep.db import is_outage
+from walkeep.db import is_bad_data, is_outage
 from walkeep.errors import (
     Internal,
     ServiceUnavailable,
@@ -279,6 +279,10 @@ def build_mcp(
         except WalkeepError as exc:
             return error_result(exc)
         except Exception as exc:
+            if is_bad_data(exc):
+                return error_result(
+                    ValidationError("a value in this call cannot be stored (e.g. a NUL character)")
+                )
             if not is_outage(exc):
                 raise
             log.warning("%s: database unavailable: %s", tool, type(exc).__name__)
