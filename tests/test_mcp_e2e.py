@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import sys
 import threading
@@ -236,8 +237,12 @@ def test_insufficient_balance_then_top_up_then_replay(live: Server) -> None:
             async with httpx.AsyncClient() as h:
                 page = await h.get(link["checkout_url"])
                 assert "TEST MODE" in page.text
+                token = re.search(r'name="pay_token" value="([^"]+)"', page.text)
+                assert token is not None
                 for _ in range(2):
-                    paid = await h.post(link["checkout_url"] + "/pay")
+                    paid = await h.post(
+                        link["checkout_url"] + "/pay", data={"pay_token": token.group(1)}
+                    )
                     assert paid.status_code == 200
             assert (await call_ok(c, "check_balance"))["balance_credits"] == amount * 100
             replay = await call_ok(c, "store", {"content": "remember this", "request_id": "r-1"})

@@ -8,6 +8,7 @@ free port. Time is a ManualClock shared by the app and the fake.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
@@ -44,6 +45,7 @@ from walkeep.service.topup import (
     credit_checkout,
     handle_stripe_webhook,
     idempotency_key,
+    issue_pay_token,
     pay_local,
     reconcile_payments,
     top_up,
@@ -56,6 +58,13 @@ BOUNDS = {"min_usd": "0.50", "max_usd": "10000", "max_decimals": 2}
 
 
 # --- harness -------------------------------------------------------------------------
+
+
+def page_token(page: str) -> str:
+    """The one-time pay token of a rendered TEST MODE checkout page."""
+    found = re.search(r'name="pay_token" value="([^"]+)"', page)
+    assert found is not None, page
+    return found.group(1)
 
 
 @contextmanager
@@ -672,7 +681,7 @@ def test_local_checkout_page_and_pay_button(local: Env) -> None:
         assert "TEST MODE" in page.text and "$5.00" in page.text and "bob" in page.text
         assert f'action="/checkout/{row.id}/pay"' in page.text
 
-        paid = http.post(f"/checkout/{row.id}/pay")
+        paid = http.post(f"/checkout/{row.id}/pay", data={"pay_token": page_token(page.text)})
         assert paid.status_code == 200 and "TEST MODE" in paid.text
         assert "credits were added" in paid.text
         assert local.balance_mc() == 500_000
@@ -695,7 +704,7 @@ def test_local_checkout_page_and_pay_button(local: Env) -> None:
             "/webhooks/stripe", content=b"{}", headers={"Stripe-Signature": "t=1,v1=00"}
         )
         assert hook.status_code == 400
-    assert pay_local(local.rt, row.id) is False
+    assert pay_local(local.rt, row.id, None) is False
     assert checkout_status(local.rt, row.id).credited is True
 
 
@@ -704,9 +713,11 @@ def test_local_pay_is_exactly_once_under_concurrency(local: Env) -> None:
     cid = local.row("req-1").id
     barrier = threading.Barrier(6)
 
+    token = issue_pay_token(local.rt, cid)
+
     def press() -> bool:
         barrier.wait(timeout=10)
-        return pay_local(local.rt, cid)
+        return pay_local(local.rt, cid, token)
 
     with ThreadPoolExecutor(max_workers=6) as pool:
         results = list(pool.map(lambda _: press(), range(6)))
@@ -729,14 +740,14 @@ def test_local_session_expires_and_replay_revives_it(local: Env) -> None:
     assert again.checkout_url.endswith(f"/checkout/{cid}")
     row = local.row("req-1")
     assert row.status == "open" and row.idempotency_key.endswith(":2")
-    assert pay_local(local.rt, cid) is True
+    assert pay_local(local.rt, cid, issue_pay_token(local.rt, cid)) is True
     assert local.balance_mc() == 500_000
 
 
 def test_pay_local_is_refused_with_stripe(env: Env) -> None:
     top_up(env.rt, env.account_id, "5.00", "req-1")
     with pytest.raises(ValidationError):
-        pay_local(env.rt, env.row("req-1").id)
+        pay_local(env.rt, env.row("req-1").id, "anything")
     assert env.balance_mc() == 0
 
 
@@ -752,3 +763,76 @@ def test_stripe_checkouts_have_no_local_page(web: Env) -> None:
 def test_local_webhook_parse_always_refuses(local: Env) -> None:
     with pytest.raises(InvalidSignature):
         handle_stripe_webhook(local.rt, b"{}", "t=1,v1=00")
+
+
+# --- issue 13: the Pay action needs the rendered page, not just the link ----------------
+
+
+def test_local_pay_needs_the_pages_one_time_token(local: Env) -> None:
+    """Regression: POSTing the Pay action with the bare checkout link (all the agent
+    has) used to credit up to $10,000. Now only the rendered page's token pays, once."""
+    result = top_up(local.rt, local.account_id, "10000", "req-1")
+    cid = local.row("req-1").id
+    with httpx.Client(base_url=local.base_url or "") as http:
+        bare = http.post(f"/checkout/{cid}/pay")
+        assert bare.status_code == 401 and "checkout page" in bare.text
+        forged = http.post(f"/checkout/{cid}/pay", data={"pay_token": "guess"})
+        assert forged.status_code == 401
+        assert local.balance_mc() == 0
+
+        first = page_token(http.get(result.checkout_url.removeprefix(PUBLIC)).text)
+        second = page_token(http.get(f"/checkout/{cid}").text)
+        assert first != second and first not in result.model_dump_json()
+        # Rendering the page again replaced the token: the older page is stale.
+        assert http.post(f"/checkout/{cid}/pay", data={"pay_token": first}).status_code == 401
+        assert local.balance_mc() == 0
+
+        paid = http.post(f"/checkout/{cid}/pay", data={"pay_token": second})
+        assert paid.status_code == 200 and "credits were added" in paid.text
+        assert local.balance_mc() == 1_000_000_000
+    with local.db.read() as s:
+        assert s.get(CheckoutSession, cid).pay_token_hash is None  # type: ignore[union-attr]
+    # Single use: the token is gone; the checkout is paid, so nothing more is credited.
+    assert pay_local(local.rt, cid, second) is False
+    assert local.topup_entries() == 1
+
+
+def test_a_used_token_cannot_pay_a_revived_checkout(local: Env) -> None:
+    top_up(local.rt, local.account_id, "5.00", "req-1")
+    cid = local.row("req-1").id
+    stale = issue_pay_token(local.rt, cid)
+    local.clock.advance(hours=25)
+    with pytest.raises(ValidationError):
+        pay_local(local.rt, cid, stale)  # expired first
+    top_up(local.rt, local.account_id, "5.00", "req-1")  # a fresh session, same row
+    from walkeep.errors import Unauthorized
+
+    with pytest.raises(Unauthorized):
+        pay_local(local.rt, cid, "")
+    with pytest.raises(Unauthorized):
+        pay_local(local.rt, cid, stale)  # a page of the dead session
+    assert local.balance_mc() == 0
+    assert pay_local(local.rt, cid, issue_pay_token(local.rt, cid)) is True
+    assert local.balance_mc() == 500_000
+
+
+def test_test_mode_payments_refuse_to_boot_on_real_networks(tmp_path: Path) -> None:
+    from walkeep.bootstrap import check_config
+
+    for network in ("testnet", "mainnet"):
+        problems = {
+            p.setting: p.message
+            for p in check_config(Settings(data_dir=tmp_path, network=network, relayer="walrus"))
+        }
+        assert "STRIPE_SECRET_KEY" in problems, network
+    with_stripe = check_config(
+        Settings(
+            data_dir=tmp_path,
+            network="testnet",
+            relayer="walrus",
+            stripe_secret_key="sk_test_x",
+            stripe_webhook_secret="whsec_x",
+        )
+    )
+    assert "STRIPE_SECRET_KEY" not in {p.setting for p in with_stripe}
+    assert check_config(Settings(data_dir=tmp_path)) == []

@@ -111,12 +111,17 @@ def check_config(settings: Settings) -> list[ConfigProblem]:
                 "required with STRIPE_SECRET_KEY (whsec_… of the endpoint <public url>/webhooks/stripe)",
             )
         )
-    if net == "mainnet" and settings.payments_provider == "local":
+    if net != "local" and settings.payments_provider == "local":
+        # The TEST MODE checkout credits for free; on a real network those credits
+        # buy real WAL and gas. Testnet uses Stripe test keys (sk_test_…) instead.
+        hint = (
+            "sk_live_… on mainnet" if net == "mainnet" else "a Stripe test key sk_test_… on testnet"
+        )
         p.append(
             ConfigProblem(
                 "STRIPE_SECRET_KEY",
-                "mainnet needs real payments: without Stripe the local TEST MODE checkout would "
-                "hand out credits that buy real WAL",
+                f"{net} needs Stripe ({hint}): the local TEST MODE checkout hands out free "
+                "credits that would buy real WAL",
             )
         )
     if settings.renew_threshold_epochs >= settings.target_runway_epochs:

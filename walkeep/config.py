@@ -67,6 +67,26 @@ class Settings(BaseSettings):
     max_metadata_value_chars: int = Field(default=1024, ge=1)
     promo_credits_usd: str = Field(default="1.00", description="Credits for a new default account.")
     topup_max_usd: str = "10000"
+    export_page_size: int = Field(
+        default=100, ge=1, le=1000, description="Memories per export page unless asked for fewer."
+    )
+    export_page_max_bytes: int = Field(
+        default=4 * 1024 * 1024,
+        ge=1,
+        description="Content bytes per export page (a page always holds at least one memory).",
+    )
+    rate_limit_per_minute: int = Field(
+        default=600,
+        ge=0,
+        description="Calls per minute per account and tool (token bucket refill); 0 = off.",
+    )
+    rate_limit_burst: int = Field(
+        default=60, ge=1, description="Calls one account may make at once per tool (bucket size)."
+    )
+    rate_limits: dict[str, int] = Field(
+        default_factory=lambda: {"recall": 120, "export": 30, "top_up": 30},
+        description="Per-tool calls per minute overriding rate_limit_per_minute, as JSON.",
+    )
 
     # --- pricing (integer millicredits; 1 credit = 1 US cent = 1000 mc) --------------
     store_price_mc_per_64kib: int = Field(default=1000, ge=0)

@@ -80,6 +80,31 @@ class Unauthorized(WalkeepError):
     http_status = 401
 
 
+class RateLimited(WalkeepError):
+    """Too many calls of one tool by one account; ``data.retry_after_seconds`` says when.
+
+    Beside the reference's codes: a per-key token bucket (README "Limits")
+    keeps one key from monopolising the server. Nothing happened; retry later
+    with the same arguments (and the same request_id).
+    """
+
+    code = "RATE_LIMITED"
+    http_status = 429
+
+
+class ServiceUnavailable(WalkeepError):
+    """Walkeep's own database is unreachable; nothing happened, retry later.
+
+    ``data.retry`` is always true: the call is safe to repeat unchanged.
+    """
+
+    code = "SERVICE_UNAVAILABLE"
+    http_status = 503
+
+    def __init__(self, message: str, data: dict[str, Any] | None = None) -> None:
+        super().__init__(message, {"retry": True, **(data or {})})
+
+
 class Internal(WalkeepError):
     """An unexpected failure; details are logged, never returned."""
 
@@ -102,6 +127,8 @@ ALL_CODES: tuple[str, ...] = (
     ValidationError.code,
     PaymentsUnavailable.code,
     Unauthorized.code,
+    RateLimited.code,
+    ServiceUnavailable.code,
     Internal.code,
 )
 

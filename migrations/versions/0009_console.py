@@ -5,7 +5,7 @@
 web process's admin page can show when each job last ran and how it went.
 
 Revision ID: 0009
-Revises: 0007
+Revises: 0008
 Create Date: 2026-12-01
 """
 
@@ -19,7 +19,7 @@ from alembic import op
 from walkeep.db.models import UTCDateTime
 
 revision: str = "0009"
-down_revision: str | None = "0007"
+down_revision: str | None = "0008"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

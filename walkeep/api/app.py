@@ -15,19 +15,38 @@ from urllib.parse import urlsplit
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
 from mcp.server.transport_security import TransportSecuritySettings
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sqlalchemy import func, select
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
 from walkeep import __version__, metrics
 from walkeep.api.auth import BearerAccountMiddleware, KeyCache, challenge, protected_resource_routes
+from walkeep.api.middleware import (
+    WEBHOOK_MAX_BODY,
+    BodyLimit,
+    BodyLimits,
+    RequestLog,
+    tool_body_limit,
+)
 from walkeep.api.rest import router as rest_router
+from walkeep.config import Settings
+from walkeep.db import is_bad_data, is_outage
 from walkeep.db.models import Memory
-from walkeep.errors import Internal, Unauthorized, ValidationError, WalkeepError
+from walkeep.errors import (
+    Internal,
+    RateLimited,
+    ServiceUnavailable,
+    Unauthorized,
+    ValidationError,
+    WalkeepError,
+)
 from walkeep.lifecycle import MemoryStatus
 from walkeep.mcp.server import build_mcp
 from walkeep.service.runtime import Runtime
@@ -53,19 +72,31 @@ def transport_security(rt: Runtime) -> TransportSecuritySettings:
     )
 
 
+def body_limits(settings: Settings) -> BodyLimits:
+    """Per-route body caps: tools get what the largest legal store needs, the rest little."""
+    metadata = settings.max_metadata_keys * (
+        settings.max_metadata_key_chars + settings.max_metadata_value_chars
+    )
+    tools = tool_body_limit(settings.max_memory_bytes, 4 * metadata)
+    return BodyLimits(
+        rules=[("/webhooks/stripe", WEBHOOK_MAX_BODY), ("/v1", tools), ("/mcp", tools)]
+    )
+
+
 def create_app(
     rt: Runtime,
     *,
     on_start: Callable[[], None] | None = None,
     on_stop: Callable[[], None] | None = None,
 ) -> FastAPI:
+    limits = body_limits(rt.settings)
     mcp = build_mcp(lambda: rt, transport="http")
     mcp_asgi = mcp.streamable_http_app(
         streamable_http_path="/mcp",
         stateless_http=True,
         json_response=True,
         transport_security=transport_security(rt),
-        max_request_body_size=max(4 * 2**20, rt.settings.max_memory_bytes * 8),
+        max_request_body_size=limits.for_path("/mcp"),
     )
 
     @contextlib.asynccontextmanager
@@ -89,6 +120,8 @@ def create_app(
         description="Durable, prepaid, auto-renewed memory for AI agents on Walrus. "
         "The MCP endpoint is /mcp; this REST mirror calls the same service functions.",
         lifespan=lifespan,
+        docs_url=None,  # served below from the swagger-ui-bundle package: works offline
+        redoc_url=None,
     )
     app.state.runtime = rt
     app.state.keys = KeyCache(rt)
@@ -96,29 +129,59 @@ def create_app(
     _install_error_handlers(app)
     app.include_router(rest_router)
     _install_ops_routes(app, rt)
+    _install_docs(app)
     _install_optional_routers(app, rt)
     app.router.routes.extend(protected_resource_routes(rt.settings.public_url))
+    # Stateless JSON mode: no server-initiated stream (GET) and no session to end
+    # (DELETE), so only POST exists; anything else is 405 with an Allow header
+    # (the transport spec allows it) instead of an event stream held open forever.
     app.router.routes.append(
         Route(
             "/mcp",
             endpoint=BearerAccountMiddleware(mcp_asgi, app.state.keys),
-            methods=["GET", "POST", "DELETE"],
+            methods=["POST"],
         )
     )
+    # Outermost last: RequestLog sees every response, BodyLimit runs before any read.
+    app.add_middleware(BodyLimit, limits=limits)
+    app.add_middleware(RequestLog)
     return app
+
+
+def _install_docs(app: FastAPI) -> None:
+    """Swagger UI from the swagger-ui-bundle package instead of a CDN."""
+    import swagger_ui_bundle
+
+    app.mount(
+        "/docs/assets",
+        StaticFiles(directory=swagger_ui_bundle.swagger_ui_path),
+        name="swagger-ui-assets",
+    )
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url or "/openapi.json",
+            title=f"{app.title} — API",
+            swagger_js_url="/docs/assets/swagger-ui-bundle.js",
+            swagger_css_url="/docs/assets/swagger-ui.css",
+            swagger_favicon_url="/docs/assets/favicon-32x32.png",
+        )
 
 
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(WalkeepError)
     async def walkeep_error(_req: Request, exc: WalkeepError) -> JSONResponse:
-        url = _req.app.state.runtime.settings.public_url
-        sent = bool(_req.headers.get("authorization"))
-        headers = (
-            {"WWW-Authenticate": challenge(url, token_sent=sent, path="")}
-            if isinstance(exc, Unauthorized)
-            else None
-        )
-        return JSONResponse(exc.body(), status_code=exc.http_status, headers=headers)
+        headers: dict[str, str] = {}
+        if isinstance(exc, Unauthorized):
+            url = _req.app.state.runtime.settings.public_url
+            sent = bool(_req.headers.get("authorization"))
+            headers["WWW-Authenticate"] = challenge(url, token_sent=sent, path="")
+        if isinstance(exc, RateLimited):
+            headers["Retry-After"] = str(exc.data.get("retry_after_seconds", 1))
+        if isinstance(exc, ServiceUnavailable):
+            headers["Retry-After"] = "5"
+        return JSONResponse(exc.body(), status_code=exc.http_status, headers=headers or None)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_req: Request, exc: RequestValidationError) -> JSONResponse:
@@ -138,9 +201,34 @@ def _install_error_handlers(app: FastAPI) -> None:
         code = {401: "UNAUTHORIZED", 404: "NOT_FOUND", 405: "VALIDATION_ERROR"}.get(
             exc.status_code, "VALIDATION_ERROR" if exc.status_code < 500 else "INTERNAL"
         )
+        # Keep the exception's headers: a 405 must say what is Allowed.
+        headers = dict(exc.headers or {})
+        data: dict[str, object] = {}
+        if "Allow" in headers:
+            data["allow"] = [m.strip() for m in headers["Allow"].split(",")]
         return JSONResponse(
-            {"code": code, "message": str(exc.detail), "data": {}}, status_code=exc.status_code
+            {"code": code, "message": str(exc.detail), "data": data},
+            status_code=exc.status_code,
+            headers=headers or None,
         )
+
+    async def database_error(_req: Request, exc: Exception) -> JSONResponse:
+        # Handled here, not by the catch-all below: Starlette re-raises what reaches
+        # the catch-all, and uvicorn then drops the keep-alive connection.
+        err: WalkeepError
+        if is_bad_data(exc):
+            log.warning("database refused a value: %s", type(exc).__name__)
+            err = ValidationError("a value in this request cannot be stored (e.g. a NUL character)")
+            return JSONResponse(err.body(), status_code=err.http_status)
+        if not is_outage(exc):
+            log.exception("database error", exc_info=exc)
+            err = Internal("internal error; it was logged")
+            return JSONResponse(err.body(), status_code=err.http_status)
+        log.warning("database unavailable: %s", type(exc).__name__)
+        err = ServiceUnavailable("Walkeep's database is unreachable; retry shortly")
+        return JSONResponse(err.body(), status_code=err.http_status, headers={"Retry-After": "5"})
+
+    app.add_exception_handler(SQLAlchemyError, database_error)
 
     @app.exception_handler(Exception)
     async def crash(_req: Request, exc: Exception) -> JSONResponse:
@@ -178,7 +266,14 @@ def readiness(rt: Runtime) -> dict[str, object]:
             )
         checks["database"] = {"ok": True, "dialect": rt.db.dialect, "writes_in_flight": storing}
     except Exception as exc:
-        checks["database"] = {"ok": False, "error": str(exc).splitlines()[0]}
+        # Unauthenticated endpoint: the reason goes to the log, never the URL, user,
+        # host or database name to the caller.
+        log.warning("readiness: database check failed: %s", exc)
+        checks["database"] = {
+            "ok": False,
+            "dialect": rt.db.dialect,
+            "error": "unreachable" if is_outage(exc) else "check failed",
+        }
     try:
         h = rt.relayer.health()
         checks["backend"] = {

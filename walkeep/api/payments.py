@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import html
 import logging
+from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse
@@ -31,6 +32,7 @@ from walkeep.service.topup import (
     CheckoutStatus,
     checkout_status,
     handle_stripe_webhook,
+    issue_pay_token,
     pay_local,
 )
 
@@ -150,8 +152,14 @@ async def checkout_page(checkout_id: str, request: Request) -> HTMLResponse:
             "<p>Call <code>top_up</code> again with the same request_id for a fresh link.</p></div>"
         )
     else:
+        # One-time token: only this rendered page can pay, never the bare link.
+        try:
+            token = await run_in_threadpool(issue_pay_token, rt, checkout_id)
+        except WalkeepError as exc:
+            return _error_page(exc)
         body = _summary(st) + (
             f'<form class="box" method="post" action="/checkout/{cid}/pay">'
+            f'<input type="hidden" name="pay_token" value="{html.escape(token, quote=True)}">'
             f"<button type=submit>Pay ${html.escape(st.amount_usd)} (TEST MODE)</button>"
             '<p class="muted">Simulated payment: no card, no charge.</p></form>'
         )
@@ -161,9 +169,15 @@ async def checkout_page(checkout_id: str, request: Request) -> HTMLResponse:
 @router.post("/checkout/{checkout_id}/pay", response_class=HTMLResponse, include_in_schema=False)
 async def checkout_pay(checkout_id: str, request: Request) -> HTMLResponse:
     rt = _runtime(request)
+    # A small urlencoded form (the body cap keeps it small); no multipart parser needed.
+    try:
+        form = parse_qs((await request.body()).decode("utf-8", "replace"), max_num_fields=10)
+    except ValueError:
+        form = {}
+    token = next(iter(form.get("pay_token") or []), None)
     try:
         await _local_status(rt, checkout_id)
-        credited = await run_in_threadpool(pay_local, rt, checkout_id)
+        credited = await run_in_threadpool(pay_local, rt, checkout_id, token)
         st = await run_in_threadpool(checkout_status, rt, checkout_id)
     except WalkeepError as exc:
         return _error_page(exc)

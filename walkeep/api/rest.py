@@ -6,17 +6,19 @@ envelope ``{code, message, data}`` with a fitting HTTP status.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from starlette.concurrency import run_in_threadpool
 
 from walkeep.api.auth import KeyCache, bearer_token, unauthorized
 from walkeep.errors import Unauthorized
 from walkeep.mcp.server import Caller
 from walkeep.service import balance, export, forget, recall, runway, store
+from walkeep.service.ratelimit import charge_call
 from walkeep.service.runtime import Runtime
 from walkeep.service.schemas import (
     BalanceResult,
@@ -33,9 +35,16 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "UNAUTHORIZED"},
     402: {"model": ErrorBody, "description": "INSUFFICIENT_BALANCE"},
     404: {"model": ErrorBody, "description": "NOT_FOUND"},
-    422: {"model": ErrorBody, "description": "VALIDATION_ERROR"},
-    429: {"model": ErrorBody, "description": "QUOTA_EXCEEDED"},
-    503: {"model": ErrorBody, "description": "RELAYER_UNAVAILABLE / PAYMENTS_UNAVAILABLE"},
+    413: {"model": ErrorBody, "description": "VALIDATION_ERROR: request body over the cap"},
+    422: {"model": ErrorBody, "description": "VALIDATION_ERROR (also malformed JSON)"},
+    429: {
+        "model": ErrorBody,
+        "description": "QUOTA_EXCEEDED, or RATE_LIMITED with a Retry-After header",
+    },
+    503: {
+        "model": ErrorBody,
+        "description": "RELAYER_UNAVAILABLE / PAYMENTS_UNAVAILABLE / SERVICE_UNAVAILABLE",
+    },
 }
 
 router = APIRouter(prefix="/v1", tags=["tools"], responses=ERRORS)
@@ -61,39 +70,78 @@ Auth = Annotated[Caller, Depends(caller)]
 Rt = Annotated[Runtime, Depends(runtime)]
 
 
+async def call(rt: Runtime, who: Caller, tool: str, fn: Callable[..., Any], **kwargs: Any) -> Any:
+    """Admit the call through the per-key rate limit, then run the service function."""
+
+    def admitted() -> Any:
+        charge_call(rt, who.account_id, tool)
+        return fn(rt, who.account_id, **kwargs)
+
+    return await run_in_threadpool(admitted)
+
+
 class _In(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# The request models state every rule the service enforces (at the default settings),
+# so a request the OpenAPI document calls valid is never refused as malformed: the
+# conformance test (tests/test_openapi_conformance.py) holds them to it.
+# At least one character that is not whitespace to Python's str.strip() either
+# (which also strips U+001C–U+001F and U+0085, unlike ECMAScript's \s), and no NUL
+# anywhere (PostgreSQL text cannot hold it).
+NON_BLANK = r"^[^\u0000]*[^\s\u0000\u001c-\u001f\u0085][^\u0000]*$"
+NO_NUL = r"^[^\u0000]*$"
+HAS_TEXT = r"[^\s\u001c-\u001f\u0085]"  # content: any characters, not only whitespace
+MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=NO_NUL)]
+MetadataValue = Annotated[str, StringConstraints(max_length=1024, pattern=NO_NUL)]
+
+
 class StoreIn(_In):
-    content: str = Field(min_length=1)
-    request_id: str = Field(min_length=1, max_length=255)
-    namespace: str | None = Field(default=None, min_length=1, max_length=255)
-    metadata: dict[str, str] | None = None
+    content: str = Field(
+        min_length=1,
+        pattern=HAS_TEXT,
+        description="The memory (at most WALKEEP_MAX_MEMORY_BYTES UTF-8 bytes, else 429).",
+    )
+    request_id: str = Field(min_length=1, max_length=255, pattern=NON_BLANK)
+    namespace: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=255,
+        pattern=NO_NUL,
+        description="At most 255 UTF-8 bytes.",
+    )
+    metadata: dict[MetadataKey, MetadataValue] | None = Field(default=None, max_length=32)
 
 
 class RecallIn(_In):
-    query: str = Field(min_length=1, max_length=4096)
-    namespace: str | None = Field(default=None, min_length=1, max_length=255)
+    query: str = Field(min_length=1, max_length=4096, pattern=NON_BLANK)
+    namespace: str | None = Field(default=None, min_length=1, max_length=255, pattern=NO_NUL)
     limit: int = Field(default=5, ge=1, le=50)
 
 
 class TopUpIn(_In):
-    amount_usd: Decimal = Field(gt=0)
-    request_id: str = Field(min_length=1, max_length=255)
+    amount_usd: Decimal = Field(
+        ge=Decimal("0.50"),
+        le=Decimal("10000"),
+        decimal_places=2,
+        description="Dollars, 0.50 to 10,000, at most two decimals.",
+    )
+    request_id: str = Field(min_length=1, max_length=255, pattern=NON_BLANK)
 
 
 class ForgetIn(_In):
-    memory_id: str = Field(min_length=1, max_length=200)
-    request_id: str = Field(min_length=1, max_length=255)
+    memory_id: str = Field(min_length=1, max_length=200, pattern=NON_BLANK)
+    request_id: str = Field(min_length=1, max_length=255, pattern=NON_BLANK)
 
 
 @router.post("/store", response_model=StoreResult, summary="Store a memory (async accept)")
 async def store_route(body: StoreIn, who: Auth, rt: Rt) -> StoreResult:
-    return await run_in_threadpool(
-        store.store,
+    return await call(  # type: ignore[no-any-return]
         rt,
-        who.account_id,
+        who,
+        "store",
+        store.store,
         content=body.content,
         request_id=body.request_id,
         namespace=body.namespace or who.default_namespace or "default",
@@ -103,10 +151,12 @@ async def store_route(body: StoreIn, who: Auth, rt: Rt) -> StoreResult:
 
 @router.post("/recall", response_model=RecallResult, summary="Semantic search (free)")
 async def recall_route(body: RecallIn, who: Auth, rt: Rt) -> RecallResult:
-    return await run_in_threadpool(
-        recall.recall,
+    """Without ``namespace``: the key's default namespace, else every namespace."""
+    return await call(  # type: ignore[no-any-return]
         rt,
-        who.account_id,
+        who,
+        "recall",
+        recall.recall,
         query=body.query,
         namespace=body.namespace or who.default_namespace,
         limit=body.limit,
@@ -115,36 +165,52 @@ async def recall_route(body: RecallIn, who: Auth, rt: Rt) -> RecallResult:
 
 @router.get("/check_runway", response_model=RunwayResult, summary="Durability receipt")
 async def runway_route(
-    who: Auth, rt: Rt, memory_id: Annotated[str | None, Query(max_length=200)] = None
+    who: Auth,
+    rt: Rt,
+    memory_id: Annotated[str | None, Query(min_length=1, max_length=200, pattern=NON_BLANK)] = None,
 ) -> RunwayResult:
-    return await run_in_threadpool(runway.check_runway, rt, who.account_id, memory_id)
+    return await call(  # type: ignore[no-any-return]
+        rt, who, "check_runway", runway.check_runway, memory_id=memory_id
+    )
 
 
 @router.get("/check_balance", response_model=BalanceResult, summary="Credits and funded runway")
 async def balance_route(who: Auth, rt: Rt) -> BalanceResult:
-    return await run_in_threadpool(balance.check_balance, rt, who.account_id)
+    return await call(rt, who, "check_balance", balance.check_balance)  # type: ignore[no-any-return]
 
 
 @router.post("/top_up", response_model=TopUpResult, summary="Checkout link for prepaid credits")
 async def top_up_route(body: TopUpIn, who: Auth, rt: Rt) -> TopUpResult:
     from walkeep.service import topup
 
-    return await run_in_threadpool(
-        topup.top_up, rt, who.account_id, amount_usd=body.amount_usd, request_id=body.request_id
+    return await call(  # type: ignore[no-any-return]
+        rt, who, "top_up", topup.top_up, amount_usd=body.amount_usd, request_id=body.request_id
     )
 
 
 @router.post("/forget", response_model=ForgetResult, summary="Stop renewing a memory")
 async def forget_route(body: ForgetIn, who: Auth, rt: Rt) -> ForgetResult:
-    return await run_in_threadpool(
-        forget.forget, rt, who.account_id, memory_id=body.memory_id, request_id=body.request_id
+    return await call(  # type: ignore[no-any-return]
+        rt, who, "forget", forget.forget, memory_id=body.memory_id, request_id=body.request_id
     )
 
 
-@router.get("/export", response_model=ExportResult, summary="Everything, with on-chain ids")
+@router.get("/export", response_model=ExportResult, summary="Memories with on-chain ids, paged")
 async def export_route(
-    who: Auth, rt: Rt, namespace: Annotated[str | None, Query(min_length=1, max_length=255)] = None
+    who: Auth,
+    rt: Rt,
+    namespace: Annotated[str | None, Query(min_length=1, max_length=255, pattern=NO_NUL)] = None,
+    cursor: Annotated[str | None, Query(min_length=1, max_length=export.CURSOR_MAX_CHARS)] = None,
+    limit: Annotated[int | None, Query(ge=1, le=export.PAGE_MAX)] = None,
 ) -> ExportResult:
-    return await run_in_threadpool(
-        export.export, rt, who.account_id, namespace=namespace or who.default_namespace
+    """Without ``namespace``: the key's default namespace, else every namespace. While
+    ``next_cursor`` is set, call again with ``cursor=<next_cursor>`` for the next page."""
+    return await call(  # type: ignore[no-any-return]
+        rt,
+        who,
+        "export",
+        export.export,
+        namespace=namespace or who.default_namespace,
+        cursor=cursor,
+        limit=limit,
     )

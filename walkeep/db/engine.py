@@ -179,6 +179,39 @@ class Database:
         self.engine.dispose()
 
 
+def is_outage(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or what caused it) means "the database is unreachable right now".
+
+    Connection refused or dropped, pool exhausted, SQLite file locked or
+    unopenable: all transient from a caller's point of view, so transports
+    answer SERVICE_UNAVAILABLE (retry) instead of INTERNAL.
+    """
+    from sqlalchemy.exc import DisconnectionError, InterfaceError
+    from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, OperationalError | InterfaceError | DisconnectionError | PoolTimeout):
+            return True
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return False
+
+
+def is_bad_data(exc: BaseException | None) -> bool:
+    """Whether the database refused a *value* (a NUL in PostgreSQL text, a number out
+    of range): input the schema let through, so the caller gets VALIDATION_ERROR."""
+    from sqlalchemy.exc import DataError
+
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, DataError):
+            return True
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return False
+
+
 def rowcount(result: Any) -> int:
     """Rows matched by an UPDATE/DELETE (``Session.execute`` is typed as a plain Result)."""
     return int(getattr(result, "rowcount", 0) or 0)

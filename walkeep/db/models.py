@@ -307,6 +307,9 @@ class CheckoutSession(Base):
     payment_status: Mapped[str | None] = mapped_column(String(32))
     idempotency_key: Mapped[str] = mapped_column(String(255))
     credited_entry_id: Mapped[int | None] = mapped_column(BigId, ForeignKey("ledger_entries.id"))
+    # Local TEST MODE only: SHA-256 (hex) of the one-time token on the last rendered
+    # checkout page; the Pay action must present it (cleared once used).
+    pay_token_hash: Mapped[str | None] = mapped_column(String(64))
     expires_at: Mapped[datetime]
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]

@@ -4,7 +4,9 @@ stdout is the protocol wire: everything else (logs, warnings) goes to stderr.
 The API key comes from ``--api-key``, else ``WALKEEP_API_KEY``, else the
 credentials file ``walkeep serve`` writes on first run. The default namespace
 follows MemWal's precedence: explicit argument > ``--namespace`` >
-``WALKEEP_NAMESPACE`` > the key's own default > "default".
+``WALKEEP_NAMESPACE`` > the key's own default > none, where ``store`` then uses
+"default" and ``recall``/``export`` cover every namespace (as their tool
+descriptions say).
 """
 
 from __future__ import annotations

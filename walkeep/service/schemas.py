@@ -109,6 +109,11 @@ class ExportResult(_Out):
     memories: list[ExportMemory]
     content_included: bool
     ownership_proof: OwnershipProof
+    next_cursor: str | None = Field(
+        default=None,
+        description="More memories follow: call export again with this cursor (and the same "
+        "namespace). Absent on the last page. Opaque; valid only for this account.",
+    )
 
 
 class ErrorBody(_Out):

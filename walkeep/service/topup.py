@@ -35,7 +35,9 @@ ref per checkout row still means one credit per payment.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import logging
+import secrets
 from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Literal
@@ -47,7 +49,7 @@ from sqlalchemy.orm import Session
 
 from walkeep import ids, ledger
 from walkeep.db.models import Account, CheckoutSession, StripeEvent
-from walkeep.errors import Internal, NotFound, ValidationError
+from walkeep.errors import Internal, NotFound, Unauthorized, ValidationError
 from walkeep.ledger import MC_PER_CREDIT, Kind
 from walkeep.payments.base import CheckoutRequest, PaymentEvent, ProviderSession
 from walkeep.payments.local import LocalPayments, local_session_id
@@ -392,6 +394,7 @@ def _rotate(rt: Runtime, stale: CheckoutSession) -> CheckoutSession:
         row.url = None
         row.status = "creating"
         row.payment_status = None
+        row.pay_token_hash = None  # a page of the dead session cannot pay the new one
         row.expires_at = now + SESSION_LIFETIME
         row.updated_at = now
         log.info(
@@ -632,12 +635,33 @@ def _find_row(s: Session, ps: ProviderSession) -> CheckoutSession | None:
 # --- local TEST MODE -----------------------------------------------------------------
 
 
-def pay_local(rt: Runtime, checkout_id: str) -> bool:
+def _token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def issue_pay_token(rt: Runtime, checkout_id: str) -> str:
+    """A fresh one-time token for the checkout page the operator is about to see.
+
+    The Pay action needs it, so the checkout *link* alone — which the agent
+    holds, it is the top_up result — cannot pay. Only the hash is stored;
+    rendering the page again replaces it (the older page's token stops working).
+    """
+    token = secrets.token_urlsafe(32)
+    with rt.db.begin() as s:
+        row = _locked(s, checkout_id)
+        row.pay_token_hash = _token_hash(token)
+        row.updated_at = rt.clock.now()
+    return token
+
+
+def pay_local(rt: Runtime, checkout_id: str, pay_token: str | None) -> bool:
     """The TEST MODE Pay button: mark the local session paid and credit it.
 
     Same crediting function as the webhook; pressing it again credits nothing
     more. Returns whether this call credited. Refused unless the server runs
-    the local provider (with Stripe configured, only Stripe can say "paid").
+    the local provider (with Stripe configured, only Stripe can say "paid"),
+    and unless ``pay_token`` is the one-time token of the rendered checkout
+    page (constant-time compare, consumed by the payment).
     """
     ids.check_identifier(checkout_id, "checkout_id")
     payments = rt.payments
@@ -662,6 +686,15 @@ def pay_local(rt: Runtime, checkout_id: str) -> bool:
                 "for a fresh link",
                 {"checkout_id": checkout_id, "status": "expired"},
             )
+        expected = row.pay_token_hash
+        presented = _token_hash(pay_token) if isinstance(pay_token, str) and pay_token else ""
+        if not expected or not hmac.compare_digest(presented, expected):
+            raise Unauthorized(
+                "this payment must be made from the checkout page: open the checkout link in "
+                "a browser and press Pay (the page's one-time token is missing, used or stale)",
+                {"checkout_id": checkout_id},
+            )
+        row.pay_token_hash = None  # single use
         if row.provider_session_id is None:
             row.provider_session_id = local_session_id(row.id)
         row.payment_status = "paid"  # the local provider records the payment…

@@ -1,0 +1,205 @@
+"""Pure-ASGI middleware around the whole web app: body caps, request ids, access log.
+
+Why pure ASGI rather than ``@app.middleware("http")``: the body cap must act
+*before* anything reads the body (FastAPI parses JSON, the webhook reads raw
+bytes, the MCP SDK buffers its own copy), and it must see chunked bodies
+chunk by chunk. A wrapped ``receive`` is the only place that does both.
+
+``BodyLimit`` refuses a declared ``Content-Length`` above the route's cap at
+once (nothing read), and otherwise reads the body into memory *up to the cap*
+before calling the app, answering 413 the moment a streamed body crosses it.
+So one request costs at most its route's cap, whatever the client sends.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+log = logging.getLogger("walkeep.access")
+
+KIB = 1024
+WEBHOOK_MAX_BODY = 64 * KIB  # a Stripe checkout event is a few KiB
+SMALL_MAX_BODY = 64 * KIB  # forms (checkout Pay), ops routes, anything unlisted
+# JSON escapes a control character as \\uXXXX: six bytes for one byte of content.
+JSON_ESCAPE_FACTOR = 6
+ENVELOPE_ALLOWANCE = 64 * KIB  # request_id, namespace, JSON-RPC framing
+
+
+def tool_body_limit(max_memory_bytes: int, metadata_bytes: int) -> int:
+    """The largest body a legal tool call can need, escaped worst case, plus framing.
+
+    ``metadata_bytes`` is the most metadata a store may carry (keys × (key +
+    value) characters, 4 UTF-8 bytes each at most); both it and the content
+    may be escaped six-fold.
+    """
+    return JSON_ESCAPE_FACTOR * (max_memory_bytes + metadata_bytes) + ENVELOPE_ALLOWANCE
+
+
+@dataclass(frozen=True, slots=True)
+class BodyLimits:
+    """Per path prefix; the first matching prefix wins, ``default`` otherwise."""
+
+    rules: Sequence[tuple[str, int]]
+    default: int = SMALL_MAX_BODY
+
+    def for_path(self, path: str) -> int:
+        for prefix, limit in self.rules:
+            if path == prefix or path.startswith(prefix.rstrip("/") + "/"):
+                return limit
+        return self.default
+
+
+def _envelope(code: str, message: str, data: dict[str, object]) -> bytes:
+    return json.dumps({"code": code, "message": message, "data": data}).encode()
+
+
+async def _send_413(send: Send, limit: int) -> None:
+    body = _envelope(
+        "VALIDATION_ERROR",
+        f"request body too large: this endpoint accepts at most {limit} bytes",
+        {"max_body_bytes": limit},
+    )
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                # The rest of the body is never read: the connection cannot be reused.
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class BodyLimit:
+    """Cap every request body before anything reads it (413 with the error envelope)."""
+
+    def __init__(self, app: ASGIApp, limits: BodyLimits) -> None:
+        self.app = app
+        self.limits = limits
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.limits.for_path(scope.get("path", ""))
+        declared: int | None = None
+        for name, value in scope.get("headers") or ():
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = None
+                break
+        if declared is not None and declared > limit:
+            await _send_413(send, limit)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # the client left before sending its body: nothing to answer
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                chunks.clear()
+                await _send_413(send, limit)
+                return
+            if chunk:
+                chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        chunks.clear()
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed, body
+            if not replayed:
+                replayed = True
+                out: Message = {"type": "http.request", "body": body, "more_body": False}
+                body = b""
+                return out
+            return await receive()  # after the body: only http.disconnect comes
+
+        await self.app(scope, replay, send)
+
+
+_REQUEST_ID_OK = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+
+
+class RequestLog:
+    """One access-log line per request, tied together by ``X-Request-Id``.
+
+    A well-formed incoming ``X-Request-Id`` (≤128 of ``[A-Za-z0-9._:-]``) is
+    kept so a caller can correlate its own logs; anything else gets a fresh
+    id. The id is echoed on the response and stored in ``scope["state"]``.
+    The line never carries headers, bodies or query strings (keys, content).
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        incoming = ""
+        for name, value in scope.get("headers") or ():
+            if name == b"x-request-id":
+                incoming = value.decode("latin-1")
+                break
+        request_id = incoming if _REQUEST_ID_OK.match(incoming) else secrets.token_hex(12)
+        scope.setdefault("state", {})["request_id"] = request_id
+        started = time.perf_counter()
+        status = 0
+        sent = 0
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status, sent
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                headers = [
+                    (k, v) for k, v in message.get("headers", []) if k.lower() != b"x-request-id"
+                ]
+                headers.append((b"x-request-id", request_id.encode()))
+                message = {**message, "headers": headers}
+            elif message["type"] == "http.response.body":
+                sent += len(message.get("body", b""))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        except BaseException:
+            status = status or 500  # the server-error handler outside us answers it
+            raise
+        finally:
+            state = scope.get("state") or {}
+            log.info(
+                "%s %s %s",
+                scope.get("method", ""),
+                scope.get("path", ""),
+                status or "-",
+                extra={
+                    "request_id": request_id,
+                    "method": scope.get("method", ""),
+                    "path": scope.get("path", ""),
+                    "status": status or None,
+                    "duration_ms": round((time.perf_counter() - started) * 1000, 1),
+                    "response_bytes": sent,
+                    "account_id": state.get("account_id"),
+                    "client": (scope.get("client") or ("", 0))[0],
+                },
+            )
