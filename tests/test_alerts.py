@@ -135,7 +135,8 @@ def test_low_then_paused_then_resumed_each_delivered_once_and_signed(
     assert _types(receiver.bodies()) == ["balance.low", "memories.paused"]
 
     url = topup.top_up(rt, acct, "5.00", "pay-1").checkout_url
-    assert topup.pay_local(rt, url.rsplit("/", 1)[1]) is True
+    cid = url.rsplit("/", 1)[1]
+    assert topup.pay_local(rt, cid, topup.issue_pay_token(rt, cid)) is True
     _deliver_until_quiet(rt, clock)  # also re-arms balance.low (well funded now)
 
     events = receiver.bodies()

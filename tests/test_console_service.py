@@ -55,7 +55,8 @@ def test_statement_totals_equal_the_ledger_balance_change(rt, clock) -> None:  #
     end_of[clock.now().date()] = _balance(rt, acct)
     _advance_to_next_day(rt, clock)  # day 4: a paid top-up
     url = topup.top_up(rt, acct, "2.50", "t1").checkout_url
-    assert topup.pay_local(rt, url.rsplit("/", 1)[-1])
+    cid = url.rsplit("/", 1)[-1]
+    assert topup.pay_local(rt, cid, topup.issue_pay_token(rt, cid))
     day4 = clock.now().date()
     end_of[day4] = _balance(rt, acct)
 

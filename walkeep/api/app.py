@@ -193,7 +193,16 @@ def _install_error_handlers(app: FastAPI) -> None:
             }
             for e in exc.errors()
         ]
-        err = ValidationError("invalid request", {"errors": errors})
+        # Name the first offending field, as the service layer's own errors do
+        # (``loc`` is e.g. ("body", "metadata", "k"): the field is the part after
+        # where it came from).
+        loc = [str(p) for p in (exc.errors()[0].get("loc", ()) if exc.errors() else ())]
+        field = loc[1] if len(loc) > 1 else (loc[0] if loc else "")
+        first = errors[0]["msg"] if errors else "invalid request"
+        err = ValidationError(
+            f"invalid {field}: {first}" if field else "invalid request",
+            {"field": field, "errors": errors} if field else {"errors": errors},
+        )
         return JSONResponse(err.body(), status_code=err.http_status)
 
     @app.exception_handler(StarletteHTTPException)

@@ -140,6 +140,9 @@ class BodyLimit:
 _REQUEST_ID_OK = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
+_PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
 class RequestLog:
     """One access-log line per request, tied together by ``X-Request-Id``.
 
@@ -187,7 +190,11 @@ class RequestLog:
             raise
         finally:
             state = scope.get("state") or {}
-            log.info(
+            # Probes (load balancers poll these every few seconds) are logged only at
+            # debug level, so they never drown the requests people read logs for.
+            probe = scope.get("path", "") in _PROBES and (status or 500) < 400
+            log.log(
+                logging.DEBUG if probe else logging.INFO,
                 "%s %s %s",
                 scope.get("method", ""),
                 scope.get("path", ""),

@@ -92,8 +92,14 @@ class _In(BaseModel):
 # anywhere (PostgreSQL text cannot hold it).
 NON_BLANK = r"^[^\u0000]*[^\s\u0000\u001c-\u001f\u0085][^\u0000]*$"
 NO_NUL = r"^[^\u0000]*$"
+# Identifiers (request ids, namespaces, memory ids, metadata keys) also refuse every
+# other control character (walkeep.ids.check_identifier; lone surrogates, which the Rust
+# regex engine cannot name, are refused there too).
+_ID_CHAR = r"[^\u0000-\u001f\u007f-\u009f]"
+IDENT = rf"^{_ID_CHAR}*$"
+NON_BLANK_IDENT = rf"^{_ID_CHAR}*[^\s\u0000-\u001f\u007f-\u009f]{_ID_CHAR}*$"
 HAS_TEXT = r"[^\s\u001c-\u001f\u0085]"  # content: any characters, not only whitespace
-MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=NO_NUL)]
+MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=IDENT)]
 MetadataValue = Annotated[str, StringConstraints(max_length=1024, pattern=NO_NUL)]
 
 
@@ -103,12 +109,12 @@ class StoreIn(_In):
         pattern=HAS_TEXT,
         description="The memory (at most WALKEEP_MAX_MEMORY_BYTES UTF-8 bytes, else 429).",
     )
-    request_id: str = Field(min_length=1, max_length=255, pattern=NON_BLANK)
+    request_id: str = Field(min_length=1, max_length=255, pattern=NON_BLANK_IDENT)
     namespace: str | None = Field(
         default=None,
         min_length=1,
         max_length=255,
-        pattern=NO_NUL,
+        pattern=NON_BLANK_IDENT,
         description="At most 255 UTF-8 bytes.",
     )
     metadata: dict[MetadataKey, MetadataValue] | None = Field(default=None, max_length=32)
@@ -116,7 +122,9 @@ class StoreIn(_In):
 
 class RecallIn(_In):
     query: str = Field(min_length=1, max_length=4096, pattern=NON_BLANK)
-    namespace: str | None = Field(default=None, min_length=1, max_length=255, pattern=NO_NUL)
+    namespace: str | None = Field(
+        default=None, min_length=1, max_length=255, pattern=NON_BLANK_IDENT
+    )
     limit: int = Field(default=5, ge=1, le=50)
 
 
@@ -127,12 +135,12 @@ class TopUpIn(_In):
         decimal_places=2,
         description="Dollars, 0.50 to 10,000, at most two decimals.",
     )
-    request_id: str = Field(min_length=1, max_length=255, pattern=NON_BLANK)
+    request_id: str = Field(min_length=1, max_length=255, pattern=NON_BLANK_IDENT)
 
 
 class ForgetIn(_In):
-    memory_id: str = Field(min_length=1, max_length=200, pattern=NON_BLANK)
-    request_id: str = Field(min_length=1, max_length=255, pattern=NON_BLANK)
+    memory_id: str = Field(min_length=1, max_length=200, pattern=NON_BLANK_IDENT)
+    request_id: str = Field(min_length=1, max_length=255, pattern=NON_BLANK_IDENT)
 
 
 @router.post("/store", response_model=StoreResult, summary="Store a memory (async accept)")
@@ -167,7 +175,9 @@ async def recall_route(body: RecallIn, who: Auth, rt: Rt) -> RecallResult:
 async def runway_route(
     who: Auth,
     rt: Rt,
-    memory_id: Annotated[str | None, Query(min_length=1, max_length=200, pattern=NON_BLANK)] = None,
+    memory_id: Annotated[
+        str | None, Query(min_length=1, max_length=200, pattern=NON_BLANK_IDENT)
+    ] = None,
 ) -> RunwayResult:
     return await call(  # type: ignore[no-any-return]
         rt, who, "check_runway", runway.check_runway, memory_id=memory_id
@@ -199,7 +209,9 @@ async def forget_route(body: ForgetIn, who: Auth, rt: Rt) -> ForgetResult:
 async def export_route(
     who: Auth,
     rt: Rt,
-    namespace: Annotated[str | None, Query(min_length=1, max_length=255, pattern=NO_NUL)] = None,
+    namespace: Annotated[
+        str | None, Query(min_length=1, max_length=255, pattern=NON_BLANK_IDENT)
+    ] = None,
     cursor: Annotated[str | None, Query(min_length=1, max_length=export.CURSOR_MAX_CHARS)] = None,
     limit: Annotated[int | None, Query(ge=1, le=export.PAGE_MAX)] = None,
 ) -> ExportResult:
