@@ -34,7 +34,7 @@ import sqlite3
 import tempfile
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 
 from walkeep.bootstrap import build_runtime
@@ -102,7 +102,7 @@ def run(mode: str, n_accounts: int, n_memories: int, n_epochs: int, seed: int) -
     while completion.complete_writes(rt).landed:
         pass
     start_epoch = rt.chain.current_epoch()
-    epoch = timedelta(seconds=rt.chain.epoch_info().duration_seconds)
+    epoch = rt.chain.epoch_info().duration_seconds
     for _ in range(n_epochs):
         clock.advance(epoch)
         renew.renew(rt)

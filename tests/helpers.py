@@ -23,3 +23,25 @@ def land_all(rt: Runtime) -> completion.CompleteReport:
 
 def epoch_seconds(rt: Runtime) -> int:
     return rt.chain.epoch_info().duration_seconds
+
+
+def console_sign_in(http, credential: str) -> None:  # type: ignore[no-untyped-def]
+    """Sign an httpx client in to the operator console with a key (or the admin token),
+    as an operator does in a browser. The session cookie is then sent on plain http too
+    (tests serve http while their public URL may be https)."""
+    import re
+
+    from walkeep.api.console import COOKIE
+
+    page = http.get("/console/login")
+    csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert csrf is not None, page.text
+    anon = page.cookies.get(COOKIE)
+    done = http.post(
+        "/console/login",
+        data={"credential": credential, "csrf": csrf.group(1)},
+        cookies={COOKIE: anon} if anon else None,
+        follow_redirects=False,
+    )
+    assert done.status_code == 303, done.text
+    http.cookies.set(COOKIE, done.cookies[COOKIE])

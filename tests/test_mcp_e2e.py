@@ -25,6 +25,7 @@ import uvicorn
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
+from tests.helpers import console_sign_in
 from walkeep.api.app import create_app
 from walkeep.bootstrap import build_runtime
 from walkeep.service import accounts
@@ -233,16 +234,18 @@ def test_insufficient_balance_then_top_up_then_replay(live: Server) -> None:
             assert link["checkout_url"].startswith(live.url + "/checkout/")
             same = await call_ok(c, "top_up", {"amount_usd": amount, "request_id": "t-1"})
             assert same["checkout_url"] == link["checkout_url"]
-            # The human pays on the local TEST MODE checkout page (twice: credited once).
-            async with httpx.AsyncClient() as h:
-                page = await h.get(link["checkout_url"])
+            # The human operator signs in to the console and pays on the local TEST MODE
+            # checkout page (twice: credited once). The agent's link alone cannot pay.
+            with httpx.Client(base_url=live.url) as h:
+                path = link["checkout_url"].removeprefix(live.url)
+                assert "pay_token" not in h.get(path).text
+                console_sign_in(h, created.api_key)
+                page = h.get(path)
                 assert "TEST MODE" in page.text
                 token = re.search(r'name="pay_token" value="([^"]+)"', page.text)
                 assert token is not None
                 for _ in range(2):
-                    paid = await h.post(
-                        link["checkout_url"] + "/pay", data={"pay_token": token.group(1)}
-                    )
+                    paid = h.post(path + "/pay", data={"pay_token": token.group(1)})
                     assert paid.status_code == 200
             assert (await call_ok(c, "check_balance"))["balance_credits"] == amount * 100
             replay = await call_ok(c, "store", {"content": "remember this", "request_id": "r-1"})

@@ -194,6 +194,13 @@ def test_forgetting_one_member_keeps_the_quilt_renewing_and_never_raises_a_price
     _to_due(rt, clock)
     report = renew.renew(rt)
     assert report.blobs_renewed == 1  # one extend_blob call for the whole quilt
+    # The explorer shows that renewal as one blob, a quilt of its 3 patches.
+    from walkeep.backends.localnet.explorer import quilt_sizes, tx_json
+
+    net = rt.extras["localnet"]
+    rec = net.transaction_record(report.digests[0])
+    (call,) = tx_json(rec, quilt_sizes(net, rec))["calls"]
+    assert call["blob_object_id"] == quilt.blob_object_id and call["quilt_patches"] == 3
     after = _blob(rt, quilt.id)
     assert after.end_epoch > quilt.end_epoch and after.renewals_performed == 1
     # The account paid exactly the kept members' fixed shares, not the forgotten one's.

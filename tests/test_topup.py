@@ -27,6 +27,7 @@ from fakes.stripe_checkout import FakeStripe
 from fastapi import FastAPI
 from sqlalchemy import func, select
 
+from tests.helpers import console_sign_in
 from walkeep import ledger
 from walkeep.api.payments import router
 from walkeep.clock import ManualClock
@@ -149,8 +150,11 @@ def _runtime(db: Database, clock: ManualClock, settings: Settings, payments: obj
 
 
 def _app(rt: Runtime) -> FastAPI:
+    from walkeep.api.console import router as console_router
+
     app = FastAPI()
     app.include_router(router)
+    app.include_router(console_router)  # the operator signs in to pay TEST MODE checkouts
     app.state.runtime = rt
     return app
 
@@ -185,11 +189,17 @@ def web(env: Env) -> Iterator[Env]:
 @pytest.fixture
 def local(db: Database, clock: ManualClock, tmp_path: Path) -> Iterator[Env]:
     """The embedded default: local TEST MODE payments, served over HTTP."""
+    from walkeep.backends.localnet import LocalChain, LocalNetwork
+
     settings = _settings(tmp_path, None)
     rt = _runtime(db, clock, settings, LocalPayments(db, settings))
+    # The console's pages (where the operator signs in to pay) name the network.
+    network = LocalNetwork(tmp_path / "localnet", clock)
+    rt.chain = LocalChain(network, public_url=PUBLIC)
     acct = accounts.create_account(db, "bob").account_id
     with serve(_app(rt)) as base:
         yield Env(rt, db, clock, None, acct, base)  # type: ignore[arg-type]
+    network.close()
 
 
 def _paused_memory(db: Database, clock: ManualClock, account_id: str) -> str:
@@ -676,6 +686,21 @@ def test_local_checkout_page_and_pay_button(local: Env) -> None:
     )
 
     with httpx.Client(base_url=local.base_url or "") as http:
+        # Issue 13.4: the link alone (the agent holds it) shows no Pay button and cannot
+        # pay, even with a valid one-time token; the account's operator signs in first.
+        anon = http.get(f"/checkout/{row.id}")
+        assert anon.status_code == 200 and "pay_token" not in anon.text
+        assert "Only the account's operator can pay" in anon.text
+        forged = http.post(
+            f"/checkout/{row.id}/pay", data={"pay_token": issue_pay_token(local.rt, row.id)}
+        )
+        assert forged.status_code == 403 and local.balance_mc() == 0
+        other = accounts.create_account(local.db, "mallory").api_key
+        console_sign_in(http, other)  # another account's operator cannot pay it either
+        assert "pay_token" not in http.get(f"/checkout/{row.id}").text
+        http.cookies.clear()
+        console_sign_in(http, accounts.create_key(local.db, local.account_id).api_key)
+
         page = http.get(f"/checkout/{row.id}")
         assert page.status_code == 200
         assert "TEST MODE" in page.text and "$5.00" in page.text and "bob" in page.text
@@ -731,7 +756,7 @@ def test_local_session_expires_and_replay_revives_it(local: Env) -> None:
     local.clock.advance(hours=25)
     with httpx.Client(base_url=local.base_url or "") as http:
         assert "expired" in http.get(f"/checkout/{cid}").text
-        assert http.post(f"/checkout/{cid}/pay").status_code == 422
+        assert http.post(f"/checkout/{cid}/pay").status_code in (403, 422)
     assert local.balance_mc() == 0
     assert reconcile_payments(local.rt).expired == 1
     assert local.row("req-1").status == "expired"
@@ -774,6 +799,8 @@ def test_local_pay_needs_the_pages_one_time_token(local: Env) -> None:
     result = top_up(local.rt, local.account_id, "10000", "req-1")
     cid = local.row("req-1").id
     with httpx.Client(base_url=local.base_url or "") as http:
+        # Even the operator, signed in, pays only with the rendered page's token.
+        console_sign_in(http, accounts.create_key(local.db, local.account_id).api_key)
         bare = http.post(f"/checkout/{cid}/pay")
         assert bare.status_code == 401 and "checkout page" in bare.text
         forged = http.post(f"/checkout/{cid}/pay", data={"pay_token": "guess"})

@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 router = APIRouter(include_in_schema=False)
 
 COOKIE = "walkeep_console"
+COOKIE_PATH = "/"
 SECRET_FILENAME = "console.secret"
 MAX_FORM_BYTES = 16 * 1024
 STATIC = {"console.css": "text/css; charset=utf-8"}
@@ -168,7 +169,8 @@ def _set_session(rt: Runtime, response: Response, session: Session) -> None:
         COOKIE,
         _serializer(rt).dumps(session.dump()),
         max_age=rt.settings.console_session_hours * 3600,
-        path="/console",
+        # "/": the TEST MODE checkout pages (/checkout/…) require a signed-in operator.
+        path=COOKIE_PATH,
         httponly=True,
         samesite="lax",
         secure=rt.settings.public_url.lower().startswith("https://"),
@@ -178,7 +180,7 @@ def _set_session(rt: Runtime, response: Response, session: Session) -> None:
 def _clear_session(rt: Runtime, response: Response) -> None:
     response.delete_cookie(
         COOKIE,
-        path="/console",
+        path=COOKIE_PATH,
         httponly=True,
         samesite="lax",
         secure=rt.settings.public_url.lower().startswith("https://"),
@@ -245,6 +247,18 @@ async def _signed_in(rt: Runtime, request: Request, role: str | None = None) -> 
     if role is not None and session.role != role:
         raise _Refused(403, "Not allowed", "This page is for another kind of console user.")
     return session
+
+
+async def operator_for(rt: Runtime, request: Request, account_id: str) -> bool:
+    """Whether this request comes from a signed-in operator of ``account_id`` (or an
+    admin): what the local TEST MODE checkout's Pay action requires, so that holding
+    the checkout link — as the agent that asked for it does — is not enough to mint
+    credits."""
+    try:
+        session = await _signed_in(rt, request)
+    except _Refused:
+        return False
+    return session.role == "admin" or session.account_id == account_id
 
 
 # --- rendering --------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from walkeep.api.console import operator_for
 from walkeep.errors import NotFound, WalkeepError
 from walkeep.payments.base import InvalidSignature
 from walkeep.service.runtime import Runtime
@@ -133,6 +134,14 @@ async def _local_status(rt: Runtime, checkout_id: str) -> CheckoutStatus:
     return st
 
 
+_SIGN_IN_TO_PAY = (
+    '<div class="box"><p class="err">Only the account\'s operator can pay a TEST MODE '
+    'checkout.</p><p>Sign in to the <a href="/console/login">console</a> with the '
+    "account's API key (or as an admin), then open this link again. Agents can ask for "
+    "a checkout link, but cannot pay it.</p></div>"
+)
+
+
 @router.get("/checkout/{checkout_id}", response_class=HTMLResponse, include_in_schema=False)
 async def checkout_page(checkout_id: str, request: Request) -> HTMLResponse:
     rt = _runtime(request)
@@ -151,8 +160,12 @@ async def checkout_page(checkout_id: str, request: Request) -> HTMLResponse:
             '<div class="box"><p class="err">This checkout link has expired.</p>'
             "<p>Call <code>top_up</code> again with the same request_id for a fresh link.</p></div>"
         )
+    elif not await operator_for(rt, request, st.account_id):
+        # The link alone (which the agent that asked for it holds) never pays: the
+        # account's operator signs in to the console first.
+        body = _summary(st) + _SIGN_IN_TO_PAY
     else:
-        # One-time token: only this rendered page can pay, never the bare link.
+        # Signed in, and a one-time token: only this rendered page can pay.
         try:
             token = await run_in_threadpool(issue_pay_token, rt, checkout_id)
         except WalkeepError as exc:
@@ -176,7 +189,14 @@ async def checkout_pay(checkout_id: str, request: Request) -> HTMLResponse:
         form = {}
     token = next(iter(form.get("pay_token") or []), None)
     try:
-        await _local_status(rt, checkout_id)
+        st = await _local_status(rt, checkout_id)
+        if not await operator_for(rt, request, st.account_id):
+            return _page(
+                "Sign in to pay",
+                _summary(st) + _SIGN_IN_TO_PAY,
+                test_mode=True,
+                status_code=403,
+            )
         credited = await run_in_threadpool(pay_local, rt, checkout_id, token)
         st = await run_in_threadpool(checkout_status, rt, checkout_id)
     except WalkeepError as exc:

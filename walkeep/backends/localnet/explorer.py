@@ -49,7 +49,20 @@ def _wal(frost: int) -> str:
     return f"{whole}.{frac:09d}".rstrip("0").rstrip(".") + " WAL"
 
 
-def tx_json(rec: TxRecord) -> dict[str, Any]:
+def quilt_sizes(net: LocalNetwork, rec: TxRecord) -> dict[str, int]:
+    """Patch counts of the quilts a transaction extends (a quilt renews as one blob)."""
+    out: dict[str, int] = {}
+    for call in rec.calls:
+        blob_id = call.get("blob_id")
+        if blob_id and call["function"].endswith("::system::extend_blob"):
+            n = net.quilt_patch_count(blob_id)
+            if n:
+                out[blob_id] = n
+    return out
+
+
+def tx_json(rec: TxRecord, quilts: dict[str, int] | None = None) -> dict[str, Any]:
+    quilts = quilts or {}
     return {
         "network": NETWORK,
         "digest": rec.digest,
@@ -60,7 +73,10 @@ def tx_json(rec: TxRecord) -> dict[str, Any]:
         "timestamp": rec.timestamp.isoformat(),
         "checkpoint": rec.checkpoint,
         "package_id": rec.package_id,
-        "calls": [dict(c) for c in rec.calls],
+        "calls": [
+            {**c, "quilt_patches": quilts[c["blob_id"]]} if c.get("blob_id") in quilts else dict(c)
+            for c in rec.calls
+        ],
         "wal_cost_frost": rec.wal_cost_frost,
         "storage_price_frost": rec.price_frost,
         "gas_used": rec.gas_used,
@@ -155,7 +171,8 @@ def _tx_link(digest: str) -> str:
     return f"<a href='/explorer/tx/{_e(digest)}'><code>{_e(digest)}</code></a>"
 
 
-def tx_html(rec: TxRecord) -> HTMLResponse:
+def tx_html(rec: TxRecord, quilts: dict[str, int] | None = None) -> HTMLResponse:
+    quilts = quilts or {}
     status_cls = "ok" if rec.status == "success" else "bad"
     head = _rows(
         [
@@ -179,6 +196,12 @@ def tx_html(rec: TxRecord) -> HTMLResponse:
             fields += [
                 ("Blob object", _obj_link(call["blob_object_id"])),
                 ("Blob id", f"<code>{_e(call['blob_id'])}</code>"),
+                (
+                    "Kind",
+                    f"quilt of {_e(quilts[call['blob_id']])} patches: one renewal for all of them"
+                    if call["blob_id"] in quilts
+                    else "blob",
+                ),
                 ("Epochs added (k)", _e(call["epochs"])),
                 (
                     "End epoch",
@@ -366,12 +389,14 @@ def make_explorer_router(get_network: Callable[[], LocalNetwork]) -> APIRouter:
 
     @router.get("/explorer/tx/{digest}", response_model=None)
     def explorer_tx(digest: str, request: Request) -> Response:
-        rec = get_network().transaction_record(digest)
+        net = get_network()
+        rec = net.transaction_record(digest)
         if rec is None:
             return _not_found(request, "transaction", digest)
+        quilts = quilt_sizes(net, rec)
         if wants_json(request):
-            return JSONResponse(tx_json(rec))
-        return tx_html(rec)
+            return JSONResponse(tx_json(rec, quilts))
+        return tx_html(rec, quilts)
 
     @router.get("/explorer/object/{object_id}", response_model=None)
     def explorer_object(object_id: str, request: Request) -> Response:
