@@ -37,10 +37,11 @@ def console_sign_in(http, credential: str) -> None:  # type: ignore[no-untyped-d
     csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
     assert csrf is not None, page.text
     anon = page.cookies.get(COOKIE)
+    if anon:
+        http.cookies.set(COOKIE, anon)
     done = http.post(
         "/console/login",
         data={"credential": credential, "csrf": csrf.group(1)},
-        cookies={COOKIE: anon} if anon else None,
         follow_redirects=False,
     )
     assert done.status_code == 303, done.text
