@@ -227,8 +227,11 @@ class SelfRelayer:
         if existing is not None:
             return existing
         staged = self.stage(account_id=account_id, namespace=namespace, content=content)
-        job_id = ids.new_job_id()
-        job = self._job(job_id, staged, idempotency_key, epochs, self.clock.now())
+        return self._insert_job(staged, idempotency_key, epochs)
+
+    def _insert_job(self, staged: _Staged, idempotency_key: str, epochs: int) -> str:
+        """Persist a write job in its own transaction; a racer with the same key wins."""
+        job = self._job(ids.new_job_id(), staged, idempotency_key, epochs, self.clock.now())
         try:
             with self.db.begin() as s:
                 s.add(job)
@@ -237,7 +240,7 @@ class SelfRelayer:
             if found is None:
                 raise
             return found
-        return job_id
+        return job.id
 
     def find_job(self, idempotency_key: str) -> str | None:
         with self.db.read() as s:
@@ -540,22 +543,7 @@ class SelfRelayer:
         if existing is not None:
             return existing
         ciphertext = self.store.get_patch(patch_id)
-        job = self._job(
-            ids.new_job_id(),
-            _Staged(account_id, namespace, ciphertext),
-            idempotency_key,
-            epochs,
-            self.clock.now(),
-        )
-        try:
-            with self.db.begin() as s:
-                s.add(job)
-        except IntegrityError:
-            found = self.find_job(idempotency_key)
-            if found is None:
-                raise
-            return found
-        return job.id
+        return self._insert_job(_Staged(account_id, namespace, ciphertext), idempotency_key, epochs)
 
     def unfinished_jobs(self, key_prefix: str) -> int:
         """Writes under this key prefix that have not landed yet (or not been applied)."""
