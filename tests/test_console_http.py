@@ -191,3 +191,54 @@ def test_a_long_statement_streams_in_chunks_and_still_reconciles(
     expected = 1000 + sum(1000 + i for i in range(25))
     assert closing[1] == "closing" and closing[3] == "reconciled"
     assert closing[7] == statements.credits_str(expected)
+
+
+def test_alert_settings_deliveries_and_the_verify_page(live: Server) -> None:
+    """Issue 12: the account page sets the alert webhook (secret shown once) and shows the
+    last deliveries; each renewal links to the same check as `walkeep verify`."""
+    from tests.helpers import land_all
+    from walkeep.service import alerts, renew, store
+
+    rt = live.rt
+    mine = accounts.create_account(rt.db, "alerts-op", credits_mc=100_000)
+    other = accounts.create_account(rt.db, "someone-else", credits_mc=100_000)
+    store.store(rt, mine.account_id, content="kept for the audit", request_id="r1")
+    land_all(rt)
+    s = rt.settings
+    rt.clock.advance(rt.chain.epoch_info().duration_seconds * (s.initial_epochs - 1))  # type: ignore[attr-defined]
+    digest = renew.renew(rt).digests[0]
+
+    with httpx.Client(base_url=live.url) as c:
+        assert _login(c, mine.api_key).status_code == 303
+        page = c.get("/console/account")
+        assert 'id="alerts"' in page.text and "No webhook yet" in page.text
+        bad = c.post(
+            "/console/alerts",
+            data={"csrf": _csrf(page.text), "url": "ftp://nope", "threshold_epochs": "3"},
+        )
+        assert bad.status_code == 422 and alerts.get_alert_settings(rt, mine.account_id) is None
+        hook = "http://127.0.0.1:9/walkeep-hook"  # nothing listens: deliveries fail
+        done = c.post(
+            "/console/alerts",
+            data={"csrf": _csrf(page.text), "url": hook, "threshold_epochs": "3"},
+        )
+        assert done.status_code == 200 and "Signing secret (shown once)" in done.text
+        secret = re.search(r'data-testid="alert-secret">.*?<code>([^<]+)</code>', done.text, re.S)
+        assert secret is not None
+        got = alerts.get_alert_settings(rt, mine.account_id)
+        assert got is not None and got.url == hook and got.threshold_epochs == 3
+        assert secret.group(1) not in c.get("/console/account").text  # shown once
+
+        alerts.send_test_event(rt, mine.account_id)
+        alerts.deliver_alerts(rt)
+        shown = c.get("/console/account").text
+        assert "alert.test" in shown and "(pending)" in shown  # failed attempt, will retry
+
+        assert f'href="/console/verify/{digest}"' in shown
+        audit = c.get(f"/console/verify/{digest}")
+        assert audit.status_code == 200 and "OK: every fact holds" in audit.text
+        assert "PASS" in audit.text and "FAIL" not in audit.text
+
+    with httpx.Client(base_url=live.url) as c:
+        assert _login(c, other.api_key).status_code == 303
+        assert c.get(f"/console/verify/{digest}").status_code == 404  # not this account's

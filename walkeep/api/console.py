@@ -41,7 +41,7 @@ from walkeep import __version__, ledger
 from walkeep.api import charts
 from walkeep.config import Settings
 from walkeep.errors import Internal, Unauthorized, WalkeepError
-from walkeep.service import accounts, statements, topup
+from walkeep.service import accounts, alerts, statements, topup, verify
 from walkeep.service import console as svc
 from walkeep.service.runtime import Runtime
 
@@ -495,10 +495,13 @@ async def _account_response(
     *,
     error: str | None = None,
     status_code: int = 200,
+    new_secret: str | None = None,
 ) -> HTMLResponse:
     view = await run_in_threadpool(
         lambda: svc.account_view(rt, account_id, page=_page_number(request))
     )
+    alert_settings = await run_in_threadpool(alerts.get_alert_settings, rt, account_id)
+    deliveries = await run_in_threadpool(alerts.recent_deliveries, rt, account_id, 10)
     today = rt.clock.now().date()
     return _render(
         rt,
@@ -517,6 +520,9 @@ async def _account_response(
         base_path=request.url.path,
         can_top_up=session.role == "account",
         error=error,
+        alerts=alert_settings,
+        deliveries=deliveries,
+        new_secret=new_secret,
     )
 
 
@@ -545,6 +551,53 @@ async def admin_account_page(account_id: str, request: Request) -> Response:
         return _refused(rt, request, exc)
     except WalkeepError as exc:
         return _refused(rt, request, _Refused(exc.http_status, "Not found", exc.message))
+
+
+@router.post("/console/alerts", response_model=None)
+async def console_alerts(request: Request) -> Response:
+    """Set the account's alert webhook; the new signing secret is shown once, here."""
+    rt = _runtime(request)
+    try:
+        session = await _signed_in(rt, request)
+        form = await _form(request)
+        _check_csrf(session, form)
+    except _Refused as exc:
+        return _refused(rt, request, exc)
+    account_id = form.get("account_id") if session.role == "admin" else session.account_id
+    if not account_id:
+        return _refused(rt, request, _Refused(400, "No account", "Choose an account first."))
+    try:
+        threshold = int(form.get("threshold_epochs") or 4)
+    except ValueError:
+        threshold = -1
+    try:
+        secret = await run_in_threadpool(
+            alerts.set_alert_webhook, rt, account_id, form.get("url", "").strip(), threshold
+        )
+    except WalkeepError as exc:
+        return await _account_response(
+            rt, request, session, account_id, error=exc.message, status_code=422
+        )
+    return await _account_response(rt, request, session, account_id, new_secret=secret)
+
+
+@router.get("/console/verify/{digest}", response_model=None)
+async def console_verify(digest: str, request: Request) -> Response:
+    """The auditor's check of one renewal, as ``walkeep verify`` runs it."""
+    rt = _runtime(request)
+    try:
+        session = await _signed_in(rt, request)
+        if session.role != "admin":
+            assert session.account_id is not None
+            mine = await run_in_threadpool(
+                svc.renewal_touches_account, rt.db, digest, session.account_id
+            )
+            if not mine:
+                raise _Refused(404, "Not found", "No renewal of this account has that digest.")
+    except _Refused as exc:
+        return _refused(rt, request, exc)
+    report = await run_in_threadpool(verify.verify_digest, rt, digest)
+    return _render(rt, "console/verify.html", session=session, csrf=session.csrf, report=report)
 
 
 @router.post("/console/topup", response_model=None)

@@ -705,3 +705,18 @@ def session_still_valid(db: Database, account_id: str, key_id: str | None) -> bo
             select(ApiKey.revoked_at).where(ApiKey.id == key_id, ApiKey.account_id == account_id)
         ).one_or_none()
         return revoked is not None and revoked[0] is None
+
+
+def renewal_touches_account(db: Database, digest: str, account_id: str) -> bool:
+    """Whether the renewal with this digest extended a blob of ``account_id`` (so its
+    operator may audit it in the console)."""
+    with db.read() as s:
+        return (
+            s.scalar(
+                select(RenewalItem.id)
+                .join(Renewal, Renewal.id == RenewalItem.renewal_id)
+                .where(Renewal.digest == digest, RenewalItem.account_id == account_id)
+                .limit(1)
+            )
+            is not None
+        )
