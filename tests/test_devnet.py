@@ -34,8 +34,13 @@ class Devnet:
 
 @pytest.fixture
 def devnet(tmp_path: Path, clock: ManualClock) -> Iterator[Devnet]:
+    yield from serve_devnet(tmp_path, clock, LIMIT)
+
+
+def serve_devnet(tmp_path: Path, clock: ManualClock, limit: int) -> Iterator[Devnet]:
+    """The devnet app under real uvicorn on a free port, for a fixture to yield from."""
     net = LocalNetwork(tmp_path / "ln", clock, epoch_seconds=EPOCH, storage_price_frost=PRICE)
-    app = create_devnet_app(net, max_body_bytes=LIMIT)
+    app = create_devnet_app(net, max_body_bytes=limit)
     # Bind and listen before uvicorn starts: early connections wait in the
     # backlog, so no polling for readiness is needed.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -4,20 +4,15 @@
 from __future__ import annotations
 
 import json
-import socket
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
+from tests.test_devnet import Devnet, serve_devnet
 from walkeep.backends.base import BlobStore
-from walkeep.backends.localnet import LocalNetwork
-from walkeep.backends.localnet.devnet import create_devnet_app
 from walkeep.backends.walrus import WalrusBlobStore
 from walkeep.clock import ManualClock
 from walkeep.errors import NotFound, QuotaExceeded, RelayerUnavailable, ValidationError
@@ -30,35 +25,9 @@ LIMIT = 1 << 20
 OTHER = "0x" + "cd" * 32
 
 
-@dataclass
-class Devnet:
-    net: LocalNetwork
-    http: httpx.Client
-    clock: ManualClock
-    url: str
-
-
 @pytest.fixture
 def devnet(tmp_path: Path, clock: ManualClock) -> Iterator[Devnet]:
-    net = LocalNetwork(tmp_path / "ln", clock, epoch_seconds=EPOCH, storage_price_frost=PRICE)
-    app = create_devnet_app(net, max_body_bytes=LIMIT)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(128)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    client = httpx.Client(base_url=url, timeout=20)
-    try:
-        yield Devnet(net, client, clock, url)
-    finally:
-        client.close()
-        server.should_exit = True
-        thread.join(timeout=20)
-        sock.close()
-        net.close()
-    assert not thread.is_alive()
+    yield from serve_devnet(tmp_path, clock, LIMIT)
 
 
 def put_quilt(
