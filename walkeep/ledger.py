@@ -20,12 +20,14 @@ once, enforced by the UNIQUE ``settles_id`` column.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from enum import StrEnum
+from typing import Any
 
-from sqlalchemy import BindParameter, Update, bindparam, insert, select, update
+from sqlalchemy import BindParameter, ColumnElement, Update, bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -260,6 +262,47 @@ def hold(
     """Reserve credits; raises InsufficientBalance (writing nothing) if available < amount."""
     _positive(amount_mc)
     return _post(session, account_id, Kind.HOLD, amount_mc, ref, memo, _HOLD)
+
+
+def hold_statement(
+    *, where: Sequence[ColumnElement[bool]] = (), values: Mapping[str, Any]
+) -> Update:
+    """A hold's account UPDATE that also checks ``where`` and sets ``values`` on the same
+    row in the same statement — for callers that must change other account counters
+    atomically with the hold (the store path counts usage quotas this way).
+
+    Build it once, at import: see the note on prebuilt statements above."""
+    return (
+        update(_A)
+        .where(_ACCOUNT, _COVERS, *where)
+        .values(held_mc=_A.c.held_mc + _AMOUNT, **values)
+        .returning(*_AFTER)
+    )
+
+
+def try_hold_new(
+    session: Session,
+    account_id: str,
+    amount_mc: int,
+    *,
+    ref: str,
+    memo: str | None,
+    stmt: Update,
+    params: Mapping[str, Any],
+) -> Entry | None:
+    """Place a hold with ``stmt`` (from ``hold_statement``) under a ``ref`` that cannot
+    exist yet, or return None, having written nothing, when ``stmt`` matched no row (not
+    enough credits, or the caller's own condition failed: the caller finds out which).
+
+    The fast path of a store: one UPDATE and one INSERT, no savepoint and no pre-read.
+    A savepoint only exists to turn a duplicate ref into a replay; a ref derived from
+    a new id cannot be a duplicate, so a collision here is a bug and aborts the
+    caller's transaction, as it should."""
+    _positive(amount_mc)
+    row = session.execute(stmt, {"p_account": account_id, "p_amount": amount_mc, **params}).first()
+    if row is None:
+        return None
+    return _append(session, account_id, Kind.HOLD, amount_mc, ref, (int(row[0]), int(row[1])), memo)
 
 
 def debit(

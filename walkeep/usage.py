@@ -33,26 +33,37 @@ _P_TODAY: BindParameter[int] = bindparam("p_today")
 # row lock on PostgreSQL (SQLite's BEGIN IMMEDIATE already serialises writers),
 # held from here to commit: fewer round trips under that lock is what lets one
 # busy account's concurrent stores through faster.
-_ADD = (
-    update(_A)
-    .where(
-        _A.c.id == bindparam("p_account"),
-        _A.c.usage_bytes + _P_SIZE <= bindparam("p_max_bytes"),
-        or_(_A.c.usage_day != _P_TODAY, _A.c.usage_day_stores < bindparam("p_max_stores")),
-    )
-    .values(
-        usage_bytes=_A.c.usage_bytes + _P_SIZE,
-        usage_day_stores=case((_A.c.usage_day == _P_TODAY, _A.c.usage_day_stores + 1), else_=1),
-        usage_day=_P_TODAY,
-    )
-    .returning(_A.c.id)
+FITS = (
+    _A.c.usage_bytes + _P_SIZE <= bindparam("p_max_bytes"),
+    or_(_A.c.usage_day != _P_TODAY, _A.c.usage_day_stores < bindparam("p_max_stores")),
 )
+"""The quota condition, for statements that count a store along with other changes to the
+account row (``ledger.hold_statement``); its parameters come from ``params``."""
+COUNT = {
+    "usage_bytes": _A.c.usage_bytes + _P_SIZE,
+    "usage_day_stores": case((_A.c.usage_day == _P_TODAY, _A.c.usage_day_stores + 1), else_=1),
+    "usage_day": _P_TODAY,
+}
+"""The counting itself (SET clauses) that goes with ``FITS``."""
+_ADD = update(_A).where(_A.c.id == bindparam("p_account"), *FITS).values(**COUNT).returning(_A.c.id)
 _USAGE = select(_A.c.usage_bytes, _A.c.usage_day, _A.c.usage_day_stores).where(
     _A.c.id == bindparam("p_account")
 )
 # NO KEY UPDATE, the lock PostgreSQL's own UPDATE takes: it does not conflict with
 # the KEY SHARE locks that foreign-key inserts take, which FOR UPDATE would.
 _USAGE_LOCKED = _USAGE.with_for_update(key_share=True)
+
+
+def counting(
+    size: int, now: datetime, *, max_total_bytes: int, max_stores_per_day: int
+) -> dict[str, int]:
+    """The parameters of ``FITS`` and ``COUNT`` for one store of ``size`` bytes at ``now``."""
+    return {
+        "p_size": size,
+        "p_today": day_number(now),
+        "p_max_bytes": max_total_bytes,
+        "p_max_stores": max_stores_per_day,
+    }
 
 
 def check_and_add(
@@ -69,10 +80,9 @@ def check_and_add(
     today = day_number(now)
     params = {
         "p_account": account_id,
-        "p_size": size,
-        "p_today": today,
-        "p_max_bytes": max_total_bytes,
-        "p_max_stores": max_stores_per_day,
+        **counting(
+            size, now, max_total_bytes=max_total_bytes, max_stores_per_day=max_stores_per_day
+        ),
     }
     if session.execute(_ADD, params).first() is not None:
         return

@@ -273,9 +273,8 @@ def _claim(
             )
             _accept_in(rt, sess, memory, staged, 1)
             sess.execute(_INSERT_MEMORY, _row(memory))
-            # Last: these take the account's row lock (PostgreSQL), held to commit.
-            _check_usage(rt, sess, account_id, size, now)
-            _hold(rt, sess, account_id, memory_id, 1, cost_mc)
+            # Last: this takes the account's row lock (PostgreSQL), held to commit.
+            _reserve(rt, sess, account_id, memory_id, 1, size, cost_mc, now)
         return memory
     except IntegrityError:
         if strict:
@@ -334,8 +333,7 @@ def _reclaim_failed(
         )
         if rowcount(res) != 1:
             return None  # someone else is retrying it
-        _check_usage(rt, sess, memory.account_id, memory.size_bytes, now)
-        _hold(rt, sess, memory.account_id, memory.id, attempt, cost_mc)
+        _reserve(rt, sess, memory.account_id, memory.id, attempt, memory.size_bytes, cost_mc, now)
         sess.execute(
             update(Request)
             .where(Request.account_id == memory.account_id, Request.memory_id == memory.id)
@@ -459,6 +457,41 @@ def _undo_claim(rt: Runtime, memory: Memory, attempt: int, reason: str) -> None:
             )
         )
         sess.execute(delete(Memory).where(Memory.id == memory.id))
+
+
+# Usage quotas and the hold in ONE account UPDATE: on PostgreSQL the row lock it takes is
+# held to commit and every store of the account queues for it, so the fewer statements
+# after it the better (one INSERT of the hold's ledger entry, then COMMIT).
+_RESERVE = ledger.hold_statement(where=usage.FITS, values=usage.COUNT)
+
+
+def _reserve(
+    rt: Runtime,
+    sess: Session,
+    account_id: str,
+    memory_id: str,
+    attempt: int,
+    size: int,
+    cost_mc: int,
+    now: datetime,
+) -> None:
+    """Count the store against the usage quotas and hold its price, or refuse it having
+    done neither: QUOTA_EXCEEDED (checked first, as the reference orders it) or
+    INSUFFICIENT_BALANCE."""
+    s = rt.settings
+    params = usage.counting(
+        size, now, max_total_bytes=s.max_total_bytes, max_stores_per_day=s.max_stores_per_day
+    )
+    ref = hold_ref(memory_id, attempt)
+    memo = f"store {memory_id}"
+    if ledger.try_hold_new(
+        sess, account_id, cost_mc, ref=ref, memo=memo, stmt=_RESERVE, params=params
+    ):
+        return
+    # Refused (or the row changed meanwhile): the one-check-at-a-time path names the
+    # limit, or finds that both now pass and does the work itself.
+    _check_usage(rt, sess, account_id, size, now)
+    _hold(rt, sess, account_id, memory_id, attempt, cost_mc)
 
 
 def _hold(
