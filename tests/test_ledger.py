@@ -254,3 +254,35 @@ def test_a_replayed_hold_is_a_replay_even_when_the_balance_no_longer_covers_it(
     assert again.replayed and again.id == first.id
     with pytest.raises(InsufficientBalance), db.begin() as s:
         ledger.hold(s, a, 1000, ref="h-new")
+
+
+def test_capture_many_settles_each_hold_once_with_running_balances(db: Database) -> None:
+    a = _account(db, credits=10)
+    with db.begin() as s:
+        for n, amount in enumerate((1000, 2500, 500)):
+            ledger.hold(s, a, amount, ref=f"h{n}")
+    with db.begin() as s:
+        assert ledger.capture_many(s, a, [("h2", "m2"), ("h0", "m0"), ("h1", "m1")]) == 3
+    assert _bal(db, a) == ledger.Balance(balance_mc=6000, held_mc=0)
+    with db.read() as s:
+        assert ledger.recompute(s, a) == _bal(db, a)
+        entries = [ledger.find(s, a, f"h{n}:capture") for n in (2, 0, 1)]
+    # In the order given, each entry records the balance right after it.
+    assert [(e.balance_after_mc, e.held_after_mc, e.memo) for e in entries if e] == [
+        (9500, 3500, "m2"),
+        (8500, 2500, "m0"),
+        (6000, 0, "m1"),
+    ]
+    # A hold already captured (or released) cannot be captured again in a batch:
+    # the whole batch is refused and nothing moves.
+    with db.begin() as s:
+        ledger.hold(s, a, 1000, ref="h3")
+    with pytest.raises(IntegrityError), db.begin() as s:
+        ledger.capture_many(s, a, [("h3", "m3"), ("h0", "again")])
+    with db.begin() as s:
+        ledger.release(s, a, "h3")
+    with pytest.raises(IntegrityError), db.begin() as s:
+        ledger.capture_many(s, a, [("h3", "m3")])
+    with pytest.raises(NotFound), db.begin() as s:
+        ledger.capture_many(s, a, [("nope", "m")])
+    assert _bal(db, a) == ledger.Balance(balance_mc=6000, held_mc=0)

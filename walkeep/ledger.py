@@ -233,6 +233,12 @@ _CAPTURE = (
 )
 _RELEASE = update(_A).where(_ACCOUNT).values(held_mc=_A.c.held_mc - _AMOUNT).returning(*_AFTER)
 _APPEND = insert(_E).returning(_E.c.id)
+_APPEND_ROWS = insert(_E)
+_HOLD_ROWS = select(_E.c.ref, _E.c.id, _E.c.amount_mc).where(
+    _E.c.account_id == bindparam("p_account"),
+    _E.c.ref.in_(bindparam("p_refs", expanding=True)),
+    _E.c.kind == str(Kind.HOLD),
+)
 _HOLD_ROW = select(_E.c.id, _E.c.amount_mc).where(
     _E.c.account_id == bindparam("p_account"),
     _E.c.ref == bindparam("p_ref"),
@@ -323,6 +329,55 @@ def capture(
 ) -> Entry:
     """Turn a hold into a charge. Applied once; excludes ``release`` of the same hold."""
     return _settle(session, account_id, hold_ref, Kind.CAPTURE, ref or f"{hold_ref}:capture", memo)
+
+
+def capture_many(session: Session, account_id: str, holds: Sequence[tuple[str, str]]) -> int:
+    """Capture several holds of one account, given as (hold ref, memo): one read of the
+    holds, one account UPDATE, one multi-row INSERT — the cost of registering a landed
+    quilt's members no longer grows by five statements per member.
+
+    The same guarantees as ``capture``: each hold is captured once and never both
+    captured and released (the UNIQUE ``settles_id`` and refs), the account never goes
+    below zero (its CHECKs). Unlike ``capture`` it does not tell a replay from a
+    conflict: any duplicate raises (IntegrityError) and aborts the caller's transaction;
+    callers fall back to ``capture`` one hold at a time, which does.
+    Returns how many holds were captured."""
+    if not holds:
+        return 0
+    refs = [ref for ref, _ in holds]
+    found = {
+        row.ref: (int(row.id), int(row.amount_mc))
+        for row in session.execute(_HOLD_ROWS, {"p_account": account_id, "p_refs": refs})
+    }
+    missing = [ref for ref in refs if ref not in found]
+    if missing:
+        raise NotFound(f"no hold {missing[0]!r}", {"hold_ref": missing[0]})
+    total = sum(amount for _, amount in found.values())
+    after = _apply(session, _CAPTURE, account_id, total)
+    if after is None:
+        raise NotFound(f"unknown account {account_id}", {"account_id": account_id})
+    # Entries are in the given order; each records the balance right after it.
+    balance_after, held_after = after[0] + total, after[1] + total
+    now = _now(session)
+    rows = []
+    for ref, memo in holds:
+        hold_id, amount = found[ref]
+        balance_after, held_after = balance_after - amount, held_after - amount
+        rows.append(
+            {
+                "account_id": account_id,
+                "kind": str(Kind.CAPTURE),
+                "amount_mc": amount,
+                "ref": f"{ref}:capture",
+                "settles_id": hold_id,
+                "balance_after_mc": balance_after,
+                "held_after_mc": held_after,
+                "memo": memo,
+                "created_at": now,
+            }
+        )
+    session.execute(_APPEND_ROWS, rows)
+    return len(rows)
 
 
 def release(

@@ -170,7 +170,9 @@ class SelfRelayer:
         (which may create the account's data key in its own transaction)."""
         self._require_healthy()
         ciphertext = self.keyring.encrypt(account_id, content.encode("utf-8"))
-        return _Staged(account_id, namespace, ciphertext)
+        return _Staged(
+            account_id, namespace, ciphertext, self._delay(len(ciphertext)).total_seconds()
+        )
 
     def accept_staged(
         self, session: Session, staged: _Staged, *, idempotency_key: str, epochs: int
@@ -197,15 +199,15 @@ class SelfRelayer:
             status="pending",
             # A packed write waits for its quilt's window; a lone one only for
             # the (simulated) write latency.
-            not_before=now
-            + (
-                self.quilt_window
-                if self.packs(len(staged.ciphertext))
-                else timedelta(milliseconds=self.latency_ms)
-            ),
+            not_before=now + self._delay(len(staged.ciphertext)),
             created_at=now,
             updated_at=now,
         )
+
+    def _delay(self, size: int) -> timedelta:
+        """How long a new write of ``size`` ciphertext bytes waits before it is due: a
+        packed one for its quilt's window, a lone one only for the (simulated) latency."""
+        return self.quilt_window if self.packs(size) else timedelta(milliseconds=self.latency_ms)
 
     def packs(self, size: int) -> bool:
         """Whether a write of ``size`` (ciphertext) bytes goes into a quilt."""
@@ -842,6 +844,8 @@ class _Staged:
     account_id: str
     namespace: str
     ciphertext: bytes
+    # When its job becomes due, from accept: a packed write waits for its quilt's window.
+    due_in_seconds: float = 0.0
 
 
 def _landed(result: dict[str, Any] | None) -> JobStatus:

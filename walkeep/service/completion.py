@@ -176,12 +176,24 @@ def _register_batch(
     every member lands (captured, registered) or, if anything fails, none does."""
     now = rt.clock.now()
     with rt.db.begin() as s:
-        results = [(m, _register_in(rt, s, m, st, now)) for m, st in landed]
-        # Captures last, together: they take the account's row lock (PostgreSQL),
-        # which is held to commit and which every store of the account waits for.
+        ids = [m.id for m, _ in landed]
+        states = {row.id: row for row in s.execute(_STATES, {"p_ids": ids})}
+        blobs: dict[str, int] = {}  # a quilt's blob row, found or made by its first member
+        results = [
+            (m, _register_in(rt, s, m, st, now, state=states.get(m.id), blobs=blobs))
+            for m, st in landed
+        ]
+        # Captures last, together, one account at a time (in a fixed order): they take the
+        # account's row lock (PostgreSQL), which is held to commit and which every store
+        # of the account waits for.
+        captures: dict[str, list[tuple[str, str]]] = {}
         for memory, outcome in results:
             if outcome == Outcome.LANDED:
-                _capture(s, memory)
+                captures.setdefault(memory.account_id, []).append(
+                    (hold_ref(memory.id, memory.attempt), f"stored {memory.id}")
+                )
+        for account_id in sorted(captures):
+            ledger.capture_many(s, account_id, captures[account_id])
     return results
 
 
@@ -193,18 +205,42 @@ def _register(rt: Runtime, memory: Memory, st: JobStatus) -> Outcome:
         return outcome
 
 
-def _register_in(rt: Runtime, s, memory: Memory, st: JobStatus, now) -> Outcome:  # type: ignore[no-untyped-def]
+_UNREAD = object()
+
+
+def _register_in(  # type: ignore[no-untyped-def]
+    rt: Runtime,
+    s,
+    memory: Memory,
+    st: JobStatus,
+    now,
+    *,
+    state=_UNREAD,
+    blobs: dict[str, int] | None = None,
+) -> Outcome:
     """Register a landed write (or record an orphan if we gave up) in the caller's
-    transaction. LANDED means the caller must also ``_capture`` it, in the same one."""
+    transaction. LANDED means the caller must also capture it, in the same one.
+
+    A batch passes the memory's ``state`` (read for the whole batch at once, None if it
+    is gone) and ``blobs``, where a live quilt's blob row is remembered by object id so
+    its other members don't look it up again."""
     assert st.blob is not None
     threshold = rt.settings.renew_threshold_epochs
-    state = s.execute(_STATE, {"p_memory": memory.id}).first()
+    if state is _UNREAD:
+        state = s.execute(_STATE, {"p_memory": memory.id}).first()
     if state is None:
         return Outcome.SETTLED
     live = state.status == MemoryStatus.STORING and state.attempt == memory.attempt
-    blob_pk = upsert_blob(
-        s, memory.account_id, st.blob, now, threshold, live=live, patch_count=st.patch_count
+    cached = blobs.get(st.blob.blob_object_id) if blobs is not None and live else None
+    blob_pk = (
+        cached
+        if cached is not None
+        else upsert_blob(
+            s, memory.account_id, st.blob, now, threshold, live=live, patch_count=st.patch_count
+        )
     )
+    if blobs is not None and live and st.patch_count is not None:
+        blobs[st.blob.blob_object_id] = blob_pk
     if not live:
         # We already gave up on this attempt (deadline): the blob is an
         # orphan, never renewed; nothing is billed for it.
@@ -245,6 +281,9 @@ def _capture(s, memory: Memory) -> None:  # type: ignore[no-untyped-def]
 _M, _B, _R = table(Memory), table(Blob), table(Request)
 _STATE = select(_M.c.status, _M.c.attempt, _M.c.forgotten_at).where(
     _M.c.id == bindparam("p_memory")
+)
+_STATES = select(_M.c.id, _M.c.status, _M.c.attempt, _M.c.forgotten_at).where(
+    _M.c.id.in_(bindparam("p_ids", expanding=True))
 )
 _LANDED = (
     update(_M)
@@ -519,6 +558,8 @@ class Completer:
         self._started = False
         self._queue_mode = getattr(rt.relayer, "work_due", None) is not None
         self._kicks = 0
+        # Queue mode: when the idle thread will next look at the queue by itself.
+        self._sleeping_until: float | None = None
 
     def start(self) -> None:
         if not self._started:
@@ -535,9 +576,19 @@ class Completer:
                 t.join(timeout)
 
     def submit(self, memory_id: str, delay: float = 0.0) -> None:
+        """A write was accepted; ``delay``: seconds until it is due."""
         with self._cv:
             if self._queue_mode:
-                self._kicks += 1  # the queue is in the database: just wake a thread
+                # The queue is in the database: only wake a thread that would otherwise
+                # sleep past this write. A packed write is due when its quilt's window
+                # closes, which a sleeping thread already plans to wake for; waking it per
+                # accept instead cost a lease query and a next_due query per store, on the
+                # same GIL and (SQLite) write lock as the requests.
+                if self._sleeping_until is not None and (
+                    time.monotonic() + delay >= self._sleeping_until
+                ):
+                    return
+                self._kicks += 1
             else:
                 heapq.heappush(self._heap, _Item(time.monotonic() + delay, memory_id))
             self._cv.notify()
@@ -567,7 +618,7 @@ class Completer:
                     # waking per accept. Each round has fixed costs (lease, poll,
                     # register transactions) that would otherwise be paid per
                     # store, on the same GIL as the requests (bench/store.py).
-                    self._cv.wait(self.GATHER_SECONDS)
+                    self._sleep(self.GATHER_SECONDS)
                     continue
                 # Nothing due (or a failure): sleep until the next write is due,
                 # or a new one arrives; after a failure, back off first.
@@ -582,7 +633,15 @@ class Completer:
                     except Exception:
                         log.exception("next_due failed")
                 if wait > 0:
-                    self._cv.wait(wait)
+                    self._sleep(wait)
+
+    def _sleep(self, seconds: float) -> None:
+        """Wait on the condition (held) for ``seconds`` or a kick, saying until when."""
+        self._sleeping_until = time.monotonic() + seconds
+        try:
+            self._cv.wait(seconds)
+        finally:
+            self._sleeping_until = None
 
     def pending(self) -> int:
         with self._cv:

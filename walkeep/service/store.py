@@ -157,7 +157,7 @@ def store(
                 raise
         claimed = None
     if claimed is not None:
-        return _accept(rt, claimed, content, attempt=1)
+        return _accept(rt, *claimed, content, attempt=1)
     tries = 0
     while True:
         with rt.db.read() as sess:
@@ -184,7 +184,7 @@ def store(
             )
             if claimed is None:
                 continue  # lost the race for this request_id: replay as the loser
-            return _accept(rt, claimed, content, attempt=1)
+            return _accept(rt, *claimed, content, attempt=1)
 
         idempotency.check_fingerprint(existing, fp)
         if memory is None:
@@ -208,7 +208,7 @@ def store(
             retried = _reclaim_failed(rt, memory, fp, content, cost_mc)
             if retried is None:
                 continue
-            return _accept(rt, retried, content, attempt=retried.attempt)
+            return _accept(rt, *retried, content, attempt=retried[0].attempt)
         # ACCEPTING: another call is between claim and relayer accept. Wait for it.
         if time.monotonic() > deadline:
             raise RelayerUnavailable(
@@ -231,7 +231,7 @@ def _claim(
     cost_mc: int,
     *,
     strict: bool = False,
-) -> Memory | None:
+) -> tuple[Memory, float] | None:
     """Claim the request id, check usage quotas and hold the price, atomically.
 
     Returns None if the request id already exists (a replay, or a racer won);
@@ -275,7 +275,7 @@ def _claim(
             sess.execute(_INSERT_MEMORY, _row(memory))
             # Last: this takes the account's row lock (PostgreSQL), held to commit.
             _reserve(rt, sess, account_id, memory_id, 1, size, cost_mc, now)
-        return memory
+        return memory, _due_in(staged)
     except IntegrityError:
         if strict:
             raise
@@ -308,7 +308,7 @@ def _row(m: Memory) -> dict[str, object]:
 
 def _reclaim_failed(
     rt: Runtime, memory: Memory, fp: str, content: str, cost_mc: int
-) -> Memory | None:
+) -> tuple[Memory, float] | None:
     """Retry a terminally failed store under the same request_id (never poisoned)."""
     now = rt.clock.now()
     attempt = memory.attempt + 1
@@ -342,7 +342,7 @@ def _reclaim_failed(
         fresh = sess.get(Memory, memory.id)
         assert fresh is not None
         _accept_in(rt, sess, fresh, staged, attempt)
-        return fresh
+        return fresh, _due_in(staged)
 
 
 def _stage(rt: Runtime, account_id: str, namespace: str, content: str) -> object | None:
@@ -368,15 +368,25 @@ def _accept_in(
     memory.status = MemoryStatus.STORING
 
 
-def _accept(rt: Runtime, memory: Memory, content: str, *, attempt: int) -> StoreResult:
-    """Hand the write to the relayer; on failure undo the claim so nothing is billed."""
+def _due_in(staged: object | None) -> float:
+    """Seconds until a write accepted in the claim transaction is due (0: now)."""
+    return float(getattr(staged, "due_in_seconds", 0.0))
+
+
+def _accept(
+    rt: Runtime, memory: Memory, due_in: float, content: str, *, attempt: int
+) -> StoreResult:
+    """Hand the write to the relayer; on failure undo the claim so nothing is billed.
+
+    ``due_in``: for a write already accepted in the claim transaction, when it becomes
+    due, so the completer is only woken for writes it would otherwise sleep past."""
     note = (
         "Accepted — the memory is being written to Walrus and will be billed once it lands. "
         "It becomes recallable shortly; check_runway(memory_id) confirms durability."
     )
     if memory.status == MemoryStatus.STORING:  # accepted within the claim transaction
         if rt.completer is not None:
-            rt.completer.submit(memory.id)
+            rt.completer.submit(memory.id, delay=due_in)
         return _result(memory, "storing", note)
     try:
         job_id = rt.relayer.accept(
