@@ -9,6 +9,7 @@ by one process are honoured by the others.
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import subprocess
 import sys
@@ -20,11 +21,12 @@ from pathlib import Path
 import httpx
 import pytest
 from sqlalchemy import func, select
+from uvicorn.config import STARTUP_FAILURE
 
 from tests.helpers import console_sign_in
 from tests.live_serve import Served, free_port, walkeep_env, walkeep_serve
 from walkeep import __version__, ledger, usage
-from walkeep.api.serve import check_workers
+from walkeep.api.serve import check_workers, web_app
 from walkeep.backends.localnet.engine import LocalNetwork
 from walkeep.clock import SystemClock
 from walkeep.config import Settings
@@ -195,3 +197,16 @@ def test_console_sessions_hold_across_web_processes(tmp_path: Path, fresh_db_url
                 assert creds["account_id"] in page.text
         answered = _access_pids(served, "/console/account")
         assert len(answered) == 2, answered
+
+
+def test_a_web_process_that_cannot_build_its_runtime_exits_as_a_startup_failure(
+    tmp_path: Path,
+) -> None:
+    """Not a crash (uvicorn would replace it forever): STARTUP_FAILURE stops the server."""
+    broken = Settings(data_dir=tmp_path, network="testnet")  # no wallet key: refused
+    try:
+        with pytest.raises(SystemExit) as exited:
+            web_app(broken)
+    finally:
+        logging.getLogger().handlers.clear()  # web_app set up this process's logging
+    assert exited.value.code == STARTUP_FAILURE

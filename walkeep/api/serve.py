@@ -24,6 +24,7 @@ secret): N processes racing to create the same files would be safe, but not obvi
 from __future__ import annotations
 
 import functools
+import logging
 import sys
 import threading
 import time
@@ -39,6 +40,8 @@ from walkeep.api.app import create_app
 from walkeep.config import Settings
 from walkeep.errors import ConfigurationError
 from walkeep.service.runtime import Runtime
+
+log = logging.getLogger(__name__)
 
 # How long the supervisor waits for every web process to finish start-up before it
 # prints the banner anyway (they are alive, only slow: requests queue on the socket).
@@ -116,7 +119,13 @@ def web_app(settings: Settings) -> FastAPI:
     from walkeep.bootstrap import build_runtime
 
     logs.setup(settings.log_level, fmt=settings.log_format)
-    rt = build_runtime(settings)
+    try:
+        rt = build_runtime(settings)
+    except Exception:
+        # uvicorn replaces a web process that crashes, forever; one that exits with
+        # STARTUP_FAILURE makes the supervisor stop them all and say so instead.
+        log.exception("web process could not start")
+        sys.exit(STARTUP_FAILURE)
     return create_app(rt, on_stop=InProcessWorker(rt, enabled=False).stop)
 
 
