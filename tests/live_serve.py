@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,16 +55,20 @@ class Served:
 
 
 @contextmanager
-def walkeep_serve(tmp_path: Path, db_url: str) -> Iterator[Served]:
-    """Start ``walkeep serve``; yield once /healthz answers, with the first-run key."""
+def walkeep_serve(
+    tmp_path: Path, db_url: str, args: Sequence[str] = (), **env: str
+) -> Iterator[Served]:
+    """Start ``walkeep serve [args]``; yield once /healthz answers, with the first-run key.
+
+    ``env`` adds WALKEEP_… settings to the server's environment."""
     port = free_port()
     data_dir = tmp_path / "serve-data"
     # stderr to a file, not a pipe: nobody drains a pipe while the test runs.
     stderr_path = tmp_path / "serve.stderr"
     with stderr_path.open("w") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "walkeep.cli", "serve", "--port", str(port)],
-            env=walkeep_env(data_dir, db_url),
+            [sys.executable, "-m", "walkeep.cli", "serve", "--port", str(port), *args],
+            env=walkeep_env(data_dir, db_url, **env),
             stdout=subprocess.DEVNULL,
             stderr=err,
             text=True,

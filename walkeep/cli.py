@@ -12,6 +12,7 @@ start fast and never load models, an ONNX runtime or the local network.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from decimal import Decimal
 from typing import TYPE_CHECKING, Annotated, Any
@@ -288,6 +289,8 @@ def serve_banner(
     network: str,
     storage: str,
     first_run_text: str | None,
+    workers: int = 1,
+    worker_in_process: bool = True,
 ) -> str:
     """What a person at the terminal needs, printed after start-up logging."""
     from walkeep.onboarding import credentials_path
@@ -302,6 +305,9 @@ def serve_banner(
         f"  MCP endpoint   {base}/mcp",
         f"  REST + docs    {base}/v1  ·  {base}/docs",
     ]
+    if workers > 1:
+        jobs = f"scheduler in pid {os.getpid()}" if worker_in_process else "no scheduler"
+        lines.append(f"  Processes      {workers} web processes on one port, {jobs}")
     if first_run_text:
         lines += ["", first_run_text.rstrip()]
     else:
@@ -323,18 +329,23 @@ def serve(
     no_worker: Annotated[
         bool, typer.Option("--no-worker", help="Don't run the scheduler in this process.")
     ] = False,
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers",
+            help="Web processes sharing the port (PostgreSQL only); the scheduler still "
+            "runs once, in this process.",
+        ),
+    ] = 1,
 ) -> None:
     """Serve MCP (/mcp) and REST (/v1); run the worker in-process unless --no-worker."""
-    import threading
-
-    import uvicorn
-
     _check_port(port, "--port")
     from walkeep import logs
-    from walkeep.api.app import create_app
+    from walkeep.api.serve import check_workers, serve_many, serve_one
     from walkeep.bootstrap import build_runtime
 
     settings = _serve_settings(host, port)
+    check_workers(settings, workers)  # before anything is opened or bound
     logs.setup(settings.log_level, fmt=settings.log_format)
     db = open_db(settings)
     from walkeep.ops import record_server
@@ -342,26 +353,9 @@ def serve(
     record_server(settings)  # so `walkeep smoke` links to this server's explorer
     welcome = first_run(settings, db)
     db.dispose()
-    rt = build_runtime(settings, configure_network=True)
-    scheduler = None
-    lock = None
-    if not no_worker:
-        from walkeep.scheduler.jobs import acquire_worker_lock, build_scheduler
-
-        try:
-            lock = acquire_worker_lock(rt)
-            scheduler = build_scheduler(rt, blocking=False)
-        except ConfigurationError as exc:
-            typer.echo(f"walkeep: not running the worker in-process: {exc}", err=True)
-
-    def on_stop() -> None:
-        rt.extras.setdefault("stop", threading.Event()).set()
-        if scheduler is not None:
-            scheduler.shutdown(wait=True)
-        if lock is not None:
-            lock.release()
-
-    application = create_app(rt, on_start=scheduler.start if scheduler else None, on_stop=on_stop)
+    # With --workers the web processes build their own runtimes (and completers);
+    # this one configures the local network once and runs the scheduler.
+    rt = build_runtime(settings, configure_network=True, with_completer=workers == 1)
     banner = serve_banner(
         settings,
         host=host,
@@ -369,17 +363,15 @@ def serve(
         network=rt.chain.network,
         storage=rt.relayer.name,
         first_run_text=welcome,
+        workers=workers,
+        worker_in_process=not no_worker,
     )
-
-    class Server(uvicorn.Server):
-        """uvicorn that prints the banner once it is listening, after start-up logs."""
-
-        async def startup(self, sockets: Any = None) -> None:
-            await super().startup(sockets=sockets)
-            if self.started:
-                typer.echo(banner, err=True)
-
-    Server(uvicorn.Config(application, host=host, port=port, log_level="warning")).run()
+    if workers == 1:
+        serve_one(rt, host=host, port=port, banner=banner, scheduler=not no_worker)
+    elif not serve_many(
+        rt, host=host, port=port, workers=workers, banner=banner, scheduler=not no_worker
+    ):
+        raise CliError("a web process failed to start (its error is above); stopped them all")
 
 
 @app.command("mcp")

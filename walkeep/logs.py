@@ -28,6 +28,8 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
+            # Several web processes (`walkeep serve --workers N`) share one stream.
+            "pid": record.process,
         }
         out.update(_extras(record))
         if record.exc_info:

@@ -1,0 +1,193 @@
+"""How ``walkeep serve`` runs: one web process, or N sharing one port (``--workers N``).
+
+One process (the default) is uvicorn serving one app, with the scheduler's jobs in a
+background thread unless ``--no-worker``.
+
+``--workers N`` (PostgreSQL only) turns the process the operator started into a
+supervisor: uvicorn's ``Multiprocess`` starts N web processes that share the listening
+socket, and each builds its own Runtime (database pool, relayer, completer) from the
+settings the supervisor resolved. Completion is safe across them because write jobs are
+worked under leases in the database (``walkeep.backends.self_relayer``), not because
+anything here coordinates them.
+
+The scheduler runs in the supervisor, never in a web process. Exactly one process must
+run it, and the supervisor is the only process that lives as long as the server:
+uvicorn replaces web processes on its own (a dead or hung one, all of them on SIGHUP,
+one more or one fewer on SIGTTIN/SIGTTOU), so a role won by one of them would move
+with it, or vanish with no one left to take it over.
+
+Everything that must happen once happens in the supervisor before any web process
+starts (the caller does migrations and first run; ``serve_many`` adds the console
+secret): N processes racing to create the same files would be safe, but not obviously so.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import threading
+import time
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI
+from sqlalchemy.engine import make_url
+from uvicorn.config import STARTUP_FAILURE
+from uvicorn.supervisors.multiprocess import Multiprocess
+
+from walkeep.api.app import create_app
+from walkeep.config import Settings
+from walkeep.errors import ConfigurationError
+from walkeep.service.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+# How long the supervisor waits for every web process to finish start-up before it
+# prints the banner anyway (they are alive, only slow: requests queue on the socket).
+READY_SECONDS = 120.0
+
+
+def check_workers(settings: Settings, workers: int) -> None:
+    """Refuse ``--workers N`` where it cannot work, before anything is opened or bound."""
+    if workers < 1:
+        raise ConfigurationError(f"--workers must be at least 1, got {workers}")
+    if workers > 1 and make_url(settings.db_url).get_backend_name() == "sqlite":
+        raise ConfigurationError(
+            f"--workers {workers} needs PostgreSQL: SQLite has one writer, so more web "
+            "processes would only queue for it; set WALKEEP_DATABASE_URL=postgresql+psycopg://… "
+            "or serve with one process"
+        )
+
+
+class InProcessWorker:
+    """The scheduler's jobs (renewal, sweep, the complete_writes safety net…) in this
+    process, started and stopped with the server; or none (``enabled=False``, or SQLite
+    with another worker holding the database's worker lock, which is said on stderr)."""
+
+    def __init__(self, rt: Runtime, *, enabled: bool) -> None:
+        self.rt = rt
+        self.scheduler: Any = None
+        self._lock: Any = None
+        if not enabled:
+            return
+        from walkeep.scheduler.jobs import acquire_worker_lock, build_scheduler
+
+        try:
+            self._lock = acquire_worker_lock(rt)
+            self.scheduler = build_scheduler(rt, blocking=False)
+        except ConfigurationError as exc:
+            print(f"walkeep: not running the worker in-process: {exc}", file=sys.stderr)
+
+    def start(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.start()
+
+    def stop(self) -> None:
+        """Stop scheduling; jobs in hand finish (loops check the stop flag between batches)."""
+        self.rt.extras.setdefault("stop", threading.Event()).set()
+        if self.scheduler is not None:
+            self.scheduler.shutdown(wait=True)
+            self.scheduler = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+
+def serve_one(rt: Runtime, *, host: str, port: int, banner: str, scheduler: bool) -> None:
+    """One process: the app, its completer and (unless ``scheduler=False``) the jobs."""
+    worker = InProcessWorker(rt, enabled=scheduler)
+    application = create_app(
+        rt, on_start=worker.start if worker.scheduler else None, on_stop=worker.stop
+    )
+
+    class Server(uvicorn.Server):
+        """uvicorn that prints the banner once it is listening, after start-up logs."""
+
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:
+                print(banner, file=sys.stderr, flush=True)
+
+    Server(uvicorn.Config(application, host=host, port=port, log_level="warning")).run()
+
+
+def web_app(settings: Settings) -> FastAPI:
+    """The app factory each web process calls (``--workers N``): its own Runtime,
+    database pool, relayer and completer; no scheduler (the supervisor runs it)."""
+    from walkeep import logs
+    from walkeep.bootstrap import build_runtime
+
+    logs.setup(settings.log_level, fmt=settings.log_format)
+    try:
+        rt = build_runtime(settings)
+    except Exception:
+        # uvicorn replaces a web process that crashes, forever; one that exits with
+        # STARTUP_FAILURE makes the supervisor stop them all and say so instead.
+        log.exception("web process could not start")
+        sys.exit(STARTUP_FAILURE)
+    return create_app(rt, on_stop=InProcessWorker(rt, enabled=False).stop)
+
+
+class Supervisor(Multiprocess):
+    """uvicorn's supervisor, printing the banner once every web process is ready."""
+
+    def __init__(self, config: uvicorn.Config, sockets: list[Any], banner: str) -> None:
+        super().__init__(config, sockets)
+        self.banner = banner
+
+    def init_processes(self) -> None:
+        super().init_processes()
+        if self._wait_until_ready():
+            print(self.banner, file=sys.stderr, flush=True)
+
+    def _wait_until_ready(self) -> bool:
+        """True once all are ready (or after READY_SECONDS if they are merely slow);
+        False if one died or a signal arrived (the run loop then handles it)."""
+        waiting = list(self.processes)
+        deadline = time.monotonic() + READY_SECONDS
+        while waiting and time.monotonic() < deadline:
+            if self.signal_queue or not all(p.process.is_alive() for p in waiting):
+                return False
+            waiting = [p for p in waiting if not p.is_ready(timeout=1)]
+            if waiting:
+                time.sleep(0.1)
+        return True
+
+    @property
+    def failed_to_start(self) -> bool:
+        """A web process exited before serving: uvicorn stops them all, we say so."""
+        return any(p.exitcode == STARTUP_FAILURE for p in self.processes)
+
+
+def serve_many(
+    rt: Runtime, *, host: str, port: int, workers: int, banner: str, scheduler: bool
+) -> bool:
+    """Supervise ``workers`` web processes on one port; the jobs run here, once.
+
+    ``rt`` is the supervisor's own Runtime (no completer: the web processes have theirs,
+    and the scheduler's complete_writes finishes anyone's). Returns False if a web
+    process failed to start (its error is already on stderr).
+    """
+    from walkeep.api.console import load_console_secret
+
+    # Created here, once: every web process signs and checks console cookies with it.
+    load_console_secret(rt.settings)
+    config = uvicorn.Config(
+        functools.partial(web_app, rt.settings),
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        log_level="warning",
+    )
+    sock = config.bind_socket()
+    supervisor = Supervisor(config, [sock], banner)  # installs its signal handlers
+    worker = InProcessWorker(rt, enabled=scheduler)
+    worker.start()
+    try:
+        supervisor.run()  # until SIGINT/SIGTERM: web processes drain, then return
+    finally:
+        worker.stop()
+        sock.close()
+    return not supervisor.failed_to_start
