@@ -372,3 +372,32 @@ def test_100_concurrent_distinct_stores_against_40_credits(rt: Runtime) -> None:
     assert min(seen) >= 0
     assert _bal(rt, a) == ledger.Balance(0, 0)
     assert _count(rt, Memory, Memory.status == "active") == 40
+
+
+def test_postgres_claims_in_one_statement_and_a_refusal_writes_nothing(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outcomes: list[bool] = []
+    one_statement = store._claim_at_once
+
+    def spy(*args, **kwargs) -> bool:  # type: ignore[no-untyped-def]
+        outcomes.append(one_statement(*args, **kwargs))
+        return outcomes[-1]
+
+    monkeypatch.setattr(store, "_claim_at_once", spy)
+    a = account(rt, credits=1)
+    first = store.store(rt, a, content="the first fact", request_id="one")
+    assert first.status == "storing"
+    with pytest.raises(InsufficientBalance):
+        store.store(rt, a, content="the second fact", request_id="two")
+    # PostgreSQL: the claim is one statement; refused, it wrote nothing and the
+    # one-at-a-time transaction named the reason. SQLite always takes the latter.
+    assert outcomes == ([True, False] if rt.db.is_postgres else [])
+    assert _count(rt, Request) == _count(rt, WriteJob) == _count(rt, Memory) == 1
+    assert _count(rt, LedgerEntry, LedgerEntry.kind == "hold") == 1
+    assert store.store(rt, a, content="the first fact", request_id="one").memory_id == (
+        first.memory_id
+    )
+    assert _bal(rt, a) == ledger.Balance(1000, 1000)
+    with rt.db.read() as s:
+        assert ledger.recompute(s, a) == ledger.balance(s, a)

@@ -27,7 +27,18 @@ from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import BindParameter, ColumnElement, Update, bindparam, insert, select, update
+from sqlalchemy import (
+    CTE,
+    BindParameter,
+    ColumnElement,
+    Insert,
+    Update,
+    bindparam,
+    insert,
+    literal,
+    select,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -309,6 +320,39 @@ def try_hold_new(
     if row is None:
         return None
     return _append(session, account_id, Kind.HOLD, amount_mc, ref, (int(row[0]), int(row[1])), memo)
+
+
+_HOLD_ENTRY_COLUMNS = ("account_id", "amount_mc", "ref", "memo", "created_at")
+
+
+def hold_entry_from(after: CTE) -> Insert:
+    """The INSERT of a hold's ledger entry whose balances come from ``after``, a CTE of
+    ``hold_statement(...)`` (PostgreSQL runs data-modifying CTEs): the hold and its entry
+    then commit in ONE statement, with the account's row lock held for that statement
+    only. Its parameters come from ``hold_entry_params``; nothing is inserted if the
+    UPDATE matched no row."""
+    values = [bindparam(f"l_{c}", type_=_E.c[c].type) for c in _HOLD_ENTRY_COLUMNS]
+    rows = select(
+        *values, literal(str(Kind.HOLD)), after.c.balance_mc, after.c.held_mc
+    ).select_from(after)
+    names = [*_HOLD_ENTRY_COLUMNS, "kind", "balance_after_mc", "held_after_mc"]
+    return insert(_E).from_select(names, rows)
+
+
+def hold_entry_params(
+    account_id: str, amount_mc: int, *, ref: str, memo: str | None, now: datetime
+) -> dict[str, Any]:
+    """Parameters of ``hold_entry_from`` and of its ``hold_statement`` CTE."""
+    _positive(amount_mc)
+    return {
+        "p_account": account_id,
+        "p_amount": amount_mc,
+        "l_account_id": account_id,
+        "l_amount_mc": amount_mc,
+        "l_ref": ref,
+        "l_memo": memo,
+        "l_created_at": now,
+    }
 
 
 def debit(

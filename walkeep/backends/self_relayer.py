@@ -181,11 +181,16 @@ class SelfRelayer:
 
         The key is new per attempt; a duplicate violates the UNIQUE constraint and
         aborts the caller's transaction (the caller then replays)."""
-        job = self._job(ids.new_job_id(), staged, idempotency_key, epochs, self.clock.now())
-        # Unset (None) columns are left out so their defaults apply.
-        row = {c: v for c in _JOB_COLUMNS if (v := getattr(job, c)) is not None}
+        row = self.job_row(staged, idempotency_key=idempotency_key, epochs=epochs)
         session.execute(_INSERT_JOB, row)
-        return job.id
+        return str(row["id"])
+
+    def job_row(self, staged: _Staged, *, idempotency_key: str, epochs: int) -> dict[str, Any]:
+        """The new write job's ``write_jobs`` row, for callers that insert it themselves
+        as part of a larger statement (the store's one-statement claim on PostgreSQL).
+        Unset (None) columns are left out so their defaults apply."""
+        job = self._job(ids.new_job_id(), staged, idempotency_key, epochs, self.clock.now())
+        return {c: v for c in _JOB_COLUMNS if (v := getattr(job, c)) is not None}
 
     def _job(self, job_id: str, staged: _Staged, key: str, epochs: int, now) -> WriteJob:  # type: ignore[no-untyped-def]
         return WriteJob(

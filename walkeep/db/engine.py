@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
@@ -122,6 +122,7 @@ class Database:
         self._write_lock = threading.RLock() if self.dialect == "sqlite" else None
         # session.info["clock"] lets code deep in a transaction ask for "now".
         self._write = sessionmaker(self.engine, expire_on_commit=False, info={"clock": self.clock})
+        self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
         self._read = sessionmaker(
             self.engine.execution_options(walkeep_readonly=True),
             expire_on_commit=False,
@@ -157,6 +158,14 @@ class Database:
         # would without the mutex instead of hanging.
         with self._write_lock, self._write() as session, session.begin():
             yield session
+
+    @contextmanager
+    def autocommit(self) -> Iterator[Connection]:
+        """A connection on which each statement commits by itself (PostgreSQL): for work
+        written as ONE statement, so no lock it takes outlives that statement — not
+        even by the round trip a COMMIT would cost, nor the wait for the GIL before it."""
+        with self._autocommit.connect() as conn:
+            yield conn
 
     @contextmanager
     def read(self) -> Iterator[Session]:

@@ -26,18 +26,20 @@ retries.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from decimal import Decimal
 
-from sqlalchemy import delete, insert, update
+from sqlalchemy import CTE, Insert, bindparam, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from walkeep import ids, ledger, pricing, usage
 from walkeep.db import rowcount
-from walkeep.db.models import Memory, Request, table
+from walkeep.db.models import LedgerEntry, Memory, Request, WriteJob, table
 from walkeep.errors import (
     InsufficientBalance,
     QuotaExceeded,
@@ -256,21 +258,25 @@ def _claim(
         deadline_at=now + timedelta(seconds=rt.settings.completion_deadline_seconds),
         status_changed_at=now,
     )
+    request = {
+        "account_id": account_id,
+        "tool": TOOL,
+        "request_id": request_id,
+        "fingerprint": fp,
+        "status": "in_progress",
+        "memory_id": memory_id,
+        "created_at": now,
+        "updated_at": now,
+    }
     try:
+        # PostgreSQL: one statement. If the account refuses it (quota, credits) or is
+        # unknown, the transaction below writes the same rows one at a time and says
+        # which, or succeeds if the account changed meanwhile.
+        at_once = rt.db.is_postgres and staged is not None
+        if at_once and _claim_at_once(rt, request, memory, staged, now):
+            return memory, _due_in(staged)
         with rt.db.begin() as sess:
-            sess.execute(
-                _INSERT_REQUEST,
-                {
-                    "account_id": account_id,
-                    "tool": TOOL,
-                    "request_id": request_id,
-                    "fingerprint": fp,
-                    "status": "in_progress",
-                    "memory_id": memory_id,
-                    "created_at": now,
-                    "updated_at": now,
-                },
-            )
+            sess.execute(_INSERT_REQUEST, request)
             _accept_in(rt, sess, memory, staged, 1)
             sess.execute(_INSERT_MEMORY, _row(memory))
             # Last: this takes the account's row lock (PostgreSQL), held to commit.
@@ -287,23 +293,110 @@ _INSERT_REQUEST = insert(table(Request))
 _INSERT_MEMORY = insert(table(Memory))
 
 
+def _claim_at_once(
+    rt: Runtime, request: dict[str, object], memory: Memory, staged: object, now: datetime
+) -> bool:
+    """PostgreSQL: the whole claim — request row, write job, memory, usage quotas, hold and
+    its ledger entry — as ONE statement in autocommit. The account's row lock is then
+    held for the duration of one statement on the server, never across a round trip
+    from a busy Python process (where waiting for the GIL before the next statement
+    or the COMMIT used to keep every other store of the account queued behind it).
+
+    Every insert selects from the account UPDATE, so if the account refuses (quota,
+    credits) nothing is written and this returns False; a request id that exists
+    raises IntegrityError (a replay) and nothing is written either."""
+    settings = rt.settings
+    job = rt.relayer.job_row(  # type: ignore[attr-defined]
+        staged, idempotency_key=job_key(memory.id, 1), epochs=settings.initial_epochs
+    )
+    memory.job_id, memory.status = str(job["id"]), MemoryStatus.STORING
+    params: dict[str, object] = {
+        **ledger.hold_entry_params(
+            memory.account_id,
+            memory.cost_mc,
+            ref=hold_ref(memory.id, 1),
+            memo=f"store {memory.id}",
+            now=now,
+        ),
+        **usage.counting(
+            memory.size_bytes,
+            now,
+            max_total_bytes=settings.max_total_bytes,
+            max_stores_per_day=settings.max_stores_per_day,
+        ),
+        **{f"r_{k}": v for k, v in request.items()},
+        **{f"j_{k}": v for k, v in job.items()},
+        **{f"m_{k}": v for k, v in _row(memory).items()},
+    }
+    try:
+        with rt.db.autocommit() as conn:
+            if conn.execute(_claim_statement(tuple(job)), params).first() is not None:
+                return True
+    except BaseException:
+        memory.job_id, memory.status = None, MemoryStatus.ACCEPTING
+        raise
+    memory.job_id, memory.status = None, MemoryStatus.ACCEPTING
+    return False
+
+
+@functools.cache
+def _claim_statement(job_columns: tuple[str, ...]) -> Insert:
+    """``_claim_at_once``'s statement (built once per set of job columns):
+
+    WITH reserve AS (UPDATE accounts … RETURNING balance_mc, held_mc),
+         req AS (INSERT INTO requests … SELECT … FROM reserve), job AS (…), mem AS (…)
+    INSERT INTO ledger_entries … SELECT … FROM reserve RETURNING id
+    """
+    reserve = _RESERVE.cte("reserve")
+
+    def insert_from(model: type, columns: Iterable[str], prefix: str, name: str) -> CTE:
+        t = table(model)
+        cols = list(columns)
+        values = [bindparam(f"{prefix}{c}", type_=t.c[c].type) for c in cols]
+        rows = select(*values).select_from(reserve)
+        return insert(t).from_select(cols, rows, include_defaults=False).cte(name)
+
+    parts = (
+        insert_from(Request, _REQUEST_COLUMNS, "r_", "req"),
+        insert_from(WriteJob, job_columns, "j_", "job"),
+        insert_from(Memory, _MEMORY_COLUMNS, "m_", "mem"),
+    )
+    entry = ledger.hold_entry_from(reserve)
+    return entry.add_cte(*parts).returning(table(LedgerEntry).c.id)
+
+
+_REQUEST_COLUMNS = (
+    "account_id",
+    "tool",
+    "request_id",
+    "fingerprint",
+    "status",
+    "memory_id",
+    "created_at",
+    "updated_at",
+)
+
+
 def _row(m: Memory) -> dict[str, object]:
     """The new memory's row, keyed by column (for ``_INSERT_MEMORY``)."""
-    return {
-        "id": m.id,
-        "account_id": m.account_id,
-        "namespace": m.namespace,
-        "metadata": m.metadata_,
-        "size_bytes": m.size_bytes,
-        "content_hash": m.content_hash,
-        "status": m.status,
-        "cost_mc": m.cost_mc,
-        "attempt": m.attempt,
-        "job_id": m.job_id,
-        "accepted_at": m.accepted_at,
-        "deadline_at": m.deadline_at,
-        "status_changed_at": m.status_changed_at,
-    }
+    return {c: getattr(m, "metadata_" if c == "metadata" else c) for c in _MEMORY_COLUMNS}
+
+
+_MEMORY_COLUMNS = (
+    "id",
+    "account_id",
+    "namespace",
+    "metadata",
+    "size_bytes",
+    "content_hash",
+    "status",
+    "cost_mc",
+    "attempt",
+    "job_id",
+    "accepted_at",
+    "deadline_at",
+    "status_changed_at",
+)
 
 
 def _reclaim_failed(
