@@ -179,10 +179,12 @@ def _register_batch(
         ids = [m.id for m, _ in landed]
         states = {row.id: row for row in s.execute(_STATES, {"p_ids": ids})}
         blobs: dict[str, int] = {}  # a quilt's blob row, found or made by its first member
+        batch = _Batch.read(s, landed)
         results = [
-            (m, _register_in(rt, s, m, st, now, state=states.get(m.id), blobs=blobs))
+            (m, _register_in(rt, s, m, st, now, state=states.get(m.id), blobs=blobs, batch=batch))
             for m, st in landed
         ]
+        batch.write(s)
         # Captures last, together, one account at a time (in a fixed order): they take the
         # account's row lock (PostgreSQL), which is held to commit and which every store
         # of the account waits for.
@@ -217,13 +219,15 @@ def _register_in(  # type: ignore[no-untyped-def]
     *,
     state=_UNREAD,
     blobs: dict[str, int] | None = None,
+    batch: _Batch | None = None,
 ) -> Outcome:
     """Register a landed write (or record an orphan if we gave up) in the caller's
     transaction. LANDED means the caller must also capture it, in the same one.
 
     A batch passes the memory's ``state`` (read for the whole batch at once, None if it
-    is gone) and ``blobs``, where a live quilt's blob row is remembered by object id so
-    its other members don't look it up again."""
+    is gone), ``blobs``, where a live quilt's blob row is remembered by object id so
+    its other members don't look it up again, and ``batch``, which gathers the updates
+    (written by the caller with ``batch.write``) and knows the kept copies."""
     assert st.blob is not None
     threshold = rt.settings.renew_threshold_epochs
     if state is _UNREAD:
@@ -246,27 +250,70 @@ def _register_in(  # type: ignore[no-untyped-def]
         # orphan, never renewed; nothing is billed for it.
         return Outcome.SETTLED
     public_id, share = st.public_id, st.share_micro
+    key = (memory.account_id, memory.content_hash)
     if st.patch_id is not None:
         # Identical content already kept by this account is one patch: point at
         # it (its renewal is already paid for); the new copy is Walkeep's cost.
-        kept = s.execute(
-            _KEPT_COPY, {"p_account": memory.account_id, "p_hash": memory.content_hash}
-        ).first()
+        if batch is not None:
+            kept = batch.kept.get(key)
+        else:
+            row = s.execute(
+                _KEPT_COPY, {"p_account": memory.account_id, "p_hash": memory.content_hash}
+            ).first()
+            kept = (row.blob_pk, row.blob_id, row.share_micro) if row is not None else None
         if kept is not None:
-            blob_pk, public_id, share = kept.blob_pk, kept.blob_id, kept.share_micro
-    s.execute(
-        _LANDED,
-        {
-            "p_memory": memory.id,
-            "p_status": MemoryStatus.NO_RENEW if state.forgotten_at else MemoryStatus.ACTIVE,
-            "p_blob": blob_pk,
-            "p_blob_id": public_id,
-            "p_share": share,
-            "p_now": now,
-        },
-    )
-    s.execute(_REQUEST_DONE, {"p_account": memory.account_id, "p_memory": memory.id, "p_now": now})
+            blob_pk, public_id, share = kept
+    status = MemoryStatus.NO_RENEW if state.forgotten_at else MemoryStatus.ACTIVE
+    landed = {
+        "p_memory": memory.id,
+        "p_status": status,
+        "p_blob": blob_pk,
+        "p_blob_id": public_id,
+        "p_share": share,
+        "p_now": now,
+    }
+    done = {"p_account": memory.account_id, "p_memory": memory.id, "p_now": now}
+    if batch is None:
+        s.execute(_LANDED, landed)
+        s.execute(_REQUEST_DONE, done)
+        return Outcome.LANDED
+    batch.landed.append(landed)
+    batch.done.append(done)
+    if st.patch_id is not None and share is not None and status == MemoryStatus.ACTIVE:
+        batch.kept.setdefault(key, (blob_pk, public_id, share))  # a later identical member
     return Outcome.LANDED
+
+
+@dataclass
+class _Batch:
+    """What registering a batch gathers before writing it with one executemany each:
+    the landed memories' and their requests' updates, and the kept packed copies by
+    (account, content hash) — read for the whole batch at once, then extended as
+    members land, so a second identical member points at the first."""
+
+    kept: dict[tuple[str, str], tuple[int, str, int]]
+    landed: list[dict[str, object]] = field(default_factory=list)
+    done: list[dict[str, object]] = field(default_factory=list)
+
+    @classmethod
+    def read(cls, s, landed: list[tuple[Memory, JobStatus]]) -> _Batch:  # type: ignore[no-untyped-def]
+        hashes: dict[str, set[str]] = {}
+        for m, st in landed:
+            if st.patch_id is not None:
+                hashes.setdefault(m.account_id, set()).add(m.content_hash)
+        kept: dict[tuple[str, str], tuple[int, str, int]] = {}
+        for account_id, wanted in hashes.items():
+            rows = s.execute(_KEPT_COPIES, {"p_account": account_id, "p_hashes": sorted(wanted)})
+            for row in rows:  # newest end_epoch first: keep the first per hash
+                kept.setdefault(
+                    (account_id, row.content_hash), (row.blob_pk, row.blob_id, row.share_micro)
+                )
+        return cls(kept)
+
+    def write(self, s) -> None:  # type: ignore[no-untyped-def]
+        if self.landed:
+            s.execute(_LANDED, self.landed)
+            s.execute(_REQUEST_DONE, self.done)
 
 
 def _capture(s, memory: Memory) -> None:  # type: ignore[no-untyped-def]
@@ -301,6 +348,18 @@ _REQUEST_DONE = (
     update(_R)
     .where(_R.c.account_id == bindparam("p_account"), _R.c.memory_id == bindparam("p_memory"))
     .values(status="done", updated_at=bindparam("p_now"))
+)
+_KEPT_COPIES = (
+    select(_M.c.content_hash, _M.c.blob_pk, _M.c.blob_id, _M.c.share_micro)
+    .join(_B, _B.c.id == _M.c.blob_pk)
+    .where(
+        _M.c.account_id == bindparam("p_account"),
+        _M.c.content_hash.in_(bindparam("p_hashes", expanding=True)),
+        _M.c.status.in_([MemoryStatus.ACTIVE, MemoryStatus.PAUSED]),
+        _M.c.share_micro.is_not(None),
+        _B.c.status == BlobStatus.LIVE,
+    )
+    .order_by(_B.c.end_epoch.desc())
 )
 _BLOB_BY_OBJECT = select(_B.c.id, _B.c.status).where(_B.c.blob_object_id == bindparam("p_object"))
 _SHARED_BLOB = (
