@@ -1,8 +1,8 @@
 """`walkeep serve --workers N`: N web processes on one port (PostgreSQL only).
 
 The claim under test: stores answered by different processes, completed by whichever
-completer (or the supervisor's complete_writes) leases them first, still land and are
-billed exactly once; the scheduler runs in one process only; console sessions signed
+of the supervisor's completer and its complete_writes safety net leases them first (the
+web processes run no completer), still land and are billed exactly once; the scheduler runs in one process only; console sessions signed
 by one process are honoured by the others.
 """
 
@@ -117,8 +117,8 @@ def test_two_web_processes_land_and_bill_every_store_exactly_once(
         tmp_path,
         fresh_db_url,
         ["--workers", "2"],
-        # Make every process compete for the same writes: both completers and the
-        # supervisor's complete_writes safety net, every second.
+        # Make the supervisor's completer and its complete_writes safety net (every
+        # second) compete for the same writes.
         WALKEEP_QUILT_WINDOW_SECONDS="1",
         WALKEEP_COMPLETE_WRITES_INTERVAL_SECONDS="1",
     ) as served:

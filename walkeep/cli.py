@@ -353,9 +353,9 @@ def serve(
     record_server(settings)  # so `walkeep smoke` links to this server's explorer
     welcome = first_run(settings, db)
     db.dispose()
-    # With --workers the web processes build their own runtimes (and completers);
-    # this one configures the local network once and runs the scheduler.
-    rt = build_runtime(settings, configure_network=True, with_completer=workers == 1)
+    # With --workers the web processes build their own runtimes; this one configures the
+    # local network once and runs the scheduler and the completer (walkeep.api.serve).
+    rt = build_runtime(settings, configure_network=True)
     banner = serve_banner(
         settings,
         host=host,

@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 # How long the supervisor waits for every web process to finish start-up before it
 # prints the banner anyway (they are alive, only slow: requests queue on the socket).
 READY_SECONDS = 120.0
+# How often the supervisor's completer looks for writes the web processes accepted.
+SUPERVISOR_POLL_SECONDS = 0.25
 
 
 def check_workers(settings: Settings, workers: int) -> None:
@@ -114,13 +116,14 @@ def serve_one(rt: Runtime, *, host: str, port: int, banner: str, scheduler: bool
 
 def web_app(settings: Settings) -> FastAPI:
     """The app factory each web process calls (``--workers N``): its own Runtime,
-    database pool, relayer and completer; no scheduler (the supervisor runs it)."""
+    database pool and relayer; no scheduler and no completer (the supervisor runs both,
+    so completion's embedding and registration never take a web process's GIL)."""
     from walkeep import logs
     from walkeep.bootstrap import build_runtime
 
     logs.setup(settings.log_level, fmt=settings.log_format)
     try:
-        rt = build_runtime(settings)
+        rt = build_runtime(settings, with_completer=False)
     except Exception:
         # uvicorn replaces a web process that crashes, forever; one that exits with
         # STARTUP_FAILURE makes the supervisor stop them all and say so instead.
@@ -165,9 +168,11 @@ def serve_many(
 ) -> bool:
     """Supervise ``workers`` web processes on one port; the jobs run here, once.
 
-    ``rt`` is the supervisor's own Runtime (no completer: the web processes have theirs,
-    and the scheduler's complete_writes finishes anyone's). Returns False if a web
-    process failed to start (its error is already on stderr).
+    ``rt`` is the supervisor's own Runtime. Its completer finishes every web process's
+    accepted writes here, off the request path: the write queue is in the database, so
+    it looks at it every ``SUPERVISOR_POLL_SECONDS`` instead of being woken per accept
+    (a packed write waits for its quilt window anyway). Returns False if a web process
+    failed to start (its error is already on stderr).
     """
     from walkeep.api.console import load_console_secret
 
@@ -185,9 +190,14 @@ def serve_many(
     supervisor = Supervisor(config, [sock], banner)  # installs its signal handlers
     worker = InProcessWorker(rt, enabled=scheduler)
     worker.start()
+    if rt.completer is not None:
+        rt.completer.max_sleep = SUPERVISOR_POLL_SECONDS
+        rt.completer.start()
     try:
         supervisor.run()  # until SIGINT/SIGTERM: web processes drain, then return
     finally:
         worker.stop()
+        if rt.completer is not None:
+            rt.completer.stop()
         sock.close()
     return not supervisor.failed_to_start

@@ -615,6 +615,8 @@ class Completer:
             for i in range(threads)
         ]
         self._started = False
+        # Longest idle sleep: another process may accept writes without waking us.
+        self.max_sleep = self.MAX_DELAY
         self._queue_mode = getattr(rt.relayer, "work_due", None) is not None
         self._kicks = 0
         # Queue mode: when the idle thread will next look at the queue by itself.
@@ -681,7 +683,7 @@ class Completer:
                     continue
                 # Nothing due (or a failure): sleep until the next write is due,
                 # or a new one arrives; after a failure, back off first.
-                wait = self.MAX_DELAY
+                wait = self.MAX_DELAY if crashed else self.max_sleep
                 if not crashed:
                     if self._kicks:
                         continue
