@@ -174,7 +174,7 @@ async def _wire_loop(
 
 
 async def _burst(
-    url: str, keys: Sequence[str], clients: int, seconds: float, kind: str, era: str
+    url: str, keys: Sequence[str], clients: int, seconds: float, kind: str, era: str, warmup: float
 ) -> Burst:
     # Warm up: one call per key (auth caches, connection pools), untimed.
     for key in keys:
@@ -183,6 +183,14 @@ async def _burst(
             Client(streamable_http_client(url, http_client=http)) as c,  # type: ignore[arg-type]
         ):
             await c.list_tools()
+    if warmup > 0:  # the same load, untimed: caches, pools, prepared statements, keys
+        await _run(url, keys, clients, warmup, kind, era)
+    return await _run(url, keys, clients, seconds, kind, era)
+
+
+async def _run(
+    url: str, keys: Sequence[str], clients: int, seconds: float, kind: str, era: str
+) -> Burst:
     burst = Burst()
     start = time.monotonic()
     until = start + seconds
@@ -205,9 +213,11 @@ def drive(
     seconds: float = 20,
     kind: str = "sdk",
     era: str = LEGACY,
+    warmup: float = 3.0,
 ) -> Burst:
-    """Run ``clients`` concurrent store loops against ``url`` for ``seconds``."""
-    return anyio.run(_burst, url, list(keys), clients, seconds, kind, era)
+    """Run ``clients`` concurrent store loops against ``url`` for ``seconds``, after
+    ``warmup`` seconds of the same load that are not counted."""
+    return anyio.run(_burst, url, list(keys), clients, seconds, kind, era, warmup)
 
 
 @dataclass

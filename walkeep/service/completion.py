@@ -737,6 +737,7 @@ class Completer:
 
     def _run(self) -> None:
         _lower_priority(self.NICE)
+        self._warm_up()
         if self._queue_mode:
             self._run_queue()
             return
@@ -774,6 +775,19 @@ class Completer:
                     )
                     heapq.heappush(self._heap, _Item(time.monotonic() + wait, mid, delay))
                 self._cv.notify_all()
+
+    def _warm_up(self) -> None:
+        """Load the embedding model now, in the background, rather than in the middle
+        of the first batch of writes (≈1 s of CPU that would otherwise land on the
+        first memories' time-to-active and on the requests running beside it)."""
+        embedder = getattr(getattr(self.rt.relayer, "index", None), "embedder", None)
+        load = getattr(embedder, "load", None)
+        if load is None:
+            return
+        try:
+            load()
+        except Exception as exc:  # it loads (and fails loudly) on first use instead
+            log.debug("could not preload the embedder: %s", exc)
 
 
 def _lower_priority(by: int) -> None:
