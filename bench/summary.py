@@ -42,7 +42,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 
 from sqlalchemy import create_engine, text
@@ -315,7 +314,7 @@ def run(args: argparse.Namespace, url: str) -> bool:
     clock = ManualClock()
     db = Database(url, clock=clock)
     rt = build_runtime(settings, clock=clock, database=db, with_completer=False)
-    clock.advance(timedelta(seconds=100 * settings.local_epoch_seconds).total_seconds())
+    clock.advance(100 * settings.local_epoch_seconds)  # room below for expired epochs
     rng = random.Random(args.seed)
     target = accounts.create_account(rt.db, "bench-summary").account_id
     others = [accounts.create_account(rt.db, f"bench-other-{i}").account_id for i in range(4)]
