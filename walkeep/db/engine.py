@@ -168,8 +168,15 @@ class Database:
             yield conn
 
     @contextmanager
-    def read(self) -> Iterator[Session]:
+    def read(self, *, snapshot: bool = False) -> Iterator[Session]:
+        """A read-only transaction. ``snapshot=True``: every statement in it sees the
+        same committed state, for answers assembled from several queries (counts and
+        the rows they count must agree). SQLite's deferred read transaction already is
+        one snapshot (WAL); PostgreSQL's READ COMMITTED is not, so it runs REPEATABLE
+        READ, which never fails a read-only transaction."""
         with self._read() as session, session.begin():
+            if snapshot and self.is_postgres:
+                session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
             yield session
 
     def ping(self) -> None:

@@ -181,6 +181,9 @@ class Blob(Base):
         # straight off the index and the scan stops at the batch size.
         Index(None, "status", "end_epoch", "id"),
         Index(None, "account_id", "blob_id"),
+        # check_runway's summary: an account's live blobs in runway order, and its
+        # blobs past end_epoch that the sweep has not expired yet (ids off the index).
+        Index(None, "account_id", "status", "end_epoch", "id"),
     )
 
 
@@ -222,7 +225,32 @@ class Memory(Base):
         Index(None, "account_id", "blob_id"),
         # Writing one memory's quilt lands its neighbours: find them by job.
         Index(None, "job_id"),
+        # check_runway's summary: the smallest memory ids of one status, and their
+        # blobs, off the index alone.
+        Index(None, "account_id", "status", "id", "blob_pk"),
     )
+
+
+class MemoryCounts(Base):
+    """How many of an account's memories are in each listed status, exactly.
+
+    Written ONLY by database triggers on ``memories`` (migration 0011), in the
+    transaction that inserts, deletes or changes the status of a memory, so
+    every code path keeps it exact without knowing it exists. ``check_runway``
+    reads it instead of counting a million rows. ``accepting`` and ``failed``
+    are not counted (not listed). A memory's account never changes; the
+    triggers rely on that. One hot row per account on PostgreSQL, like the
+    ``accounts`` row: concurrent status changes of one account serialize on it.
+    """
+
+    __tablename__ = "memory_counts"
+
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), primary_key=True)
+    storing: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    active: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    paused: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    no_renew: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    expired: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
 
 class Renewal(Base):
@@ -446,6 +474,7 @@ __all__ = [
     "JobRun",
     "LedgerEntry",
     "Memory",
+    "MemoryCounts",
     "Renewal",
     "RenewalItem",
     "Request",
