@@ -112,8 +112,9 @@ class Burst:
         )
 
 
-def _content(cid: int, i: int) -> str:
-    return f"client {cid} fact {i}: the build server is in rack {i % 40}"
+def _content(tag: str, cid: int, i: int) -> str:
+    """Distinct per burst too: identical texts would be one patch (a different path)."""
+    return f"client {cid} fact {i} of run {tag}: the build server is in rack {i % 40}"
 
 
 async def _sdk_loop(url: str, key: str, cid: int, until: float, burst: Burst) -> None:
@@ -127,7 +128,8 @@ async def _sdk_loop(url: str, key: str, cid: int, until: float, burst: Burst) ->
         while time.monotonic() < until:
             t0 = time.perf_counter()
             r = await c.call_tool(
-                "store", {"content": _content(cid, i), "request_id": f"{burst.tag}c{cid}-{i}"}
+                "store",
+                {"content": _content(burst.tag, cid, i), "request_id": f"{burst.tag}c{cid}-{i}"},
             )
             dt = time.perf_counter() - t0
             if r.is_error:
@@ -154,7 +156,10 @@ async def _wire_loop(
         while time.monotonic() < until:
             params: dict[str, object] = {
                 "name": "store",
-                "arguments": {"content": _content(cid, i), "request_id": f"{burst.tag}w{cid}-{i}"},
+                "arguments": {
+                    "content": _content(burst.tag, cid, i),
+                    "request_id": f"{burst.tag}w{cid}-{i}",
+                },
             }
             if era == MODERN:
                 params["_meta"] = {

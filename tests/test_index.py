@@ -537,3 +537,22 @@ def test_cache_is_bounded(db: Database, acct: str) -> None:
         for a in [acct, *others]:
             assert [b for b, _ in index.search(a, "default", "walruses", 5)] == [f"b-{a}"]
             assert index.cache_info()["matrices"] <= 2
+
+
+def test_add_many_embeds_a_blob_met_twice_in_one_batch_once(db: Database, acct: str) -> None:
+    # Identical content is one patch: two stores of it in one quilt window arrive in one
+    # batch with the same blob id (in one namespace or two). The batch must still be one
+    # bulk insert with one embedding per distinct blob, not fall back to one add per item.
+    counting = CountingEmbedder(HashEmbedder())
+    index = VectorIndex(db, counting)  # type: ignore[arg-type]
+    items = [
+        (acct, "default", "blob-a", "the build server is in rack 7"),
+        (acct, "default", "blob-b", "the deploy key rotates monthly"),
+        (acct, "default", "blob-a", "the build server is in rack 7"),
+        (acct, "other", "blob-a", "the build server is in rack 7"),
+    ]
+    assert index.add_many(items) == 3
+    assert counting.texts == 2
+    assert _rows(db, blob_id="blob-a") == 2 and _rows(db, blob_id="blob-b") == 1
+    hits = index.search(acct, "other", "build server rack", 1)
+    assert [blob_id for blob_id, _ in hits] == ["blob-a"]

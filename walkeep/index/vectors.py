@@ -307,18 +307,35 @@ class VectorIndex:
                     .distinct()
                 ):
                     known.setdefault((account_id, b), set()).add(ns)
+        # A blob already indexed, or met earlier in this batch (identical content is one
+        # patch: two stores of the same text within a quilt window share a blob id),
+        # reuses the first copy's vectors through ``add``, after the bulk insert. Bulk-
+        # inserting it too would violate the index's UNIQUE key and send the whole batch
+        # down the one-``add``-per-item path, embedding every text separately.
+        in_batch: set[tuple[str, str]] = set()
+        copies_later: list[tuple[str, str, str, str]] = []
         for account_id, namespace, blob_id, text in items:
             copies = known.get((account_id, blob_id), set())
             if namespace in copies:
                 continue
-            if copies:  # reuse a copy's vectors: the single-item path does that
-                written += self.add(account_id, namespace, blob_id, text)
+            if copies or (account_id, blob_id) in in_batch:
+                copies_later.append((account_id, namespace, blob_id, text))
                 continue
             chunks = self.chunk(text)
             if chunks:
+                in_batch.add((account_id, blob_id))
                 todo.append((account_id, namespace, blob_id, text, chunks))
+        written += self._add_bulk(todo, model, dim)
+        for item in copies_later:
+            written += self.add(*item)
+        return written
+
+    def _add_bulk(
+        self, todo: list[tuple[str, str, str, str, list[str]]], model: str, dim: int
+    ) -> int:
+        """Embed every chunk of ``todo`` in one call and insert them in one transaction."""
         if not todo:
-            return written
+            return 0
         flat = [c for *_, chunks in todo for c in chunks]
         vectors = [encode_vector(v) for v in self.embedder.embed(flat)]
         now = self._db.clock.now()
@@ -342,12 +359,10 @@ class VectorIndex:
         try:
             with self._db.begin() as s:
                 s.execute(insert(Embedding), rows)
-            return written + len(rows)
+            return len(rows)
         except IntegrityError:
             # Someone indexed one of these concurrently: settle item by item.
-            for account_id, namespace, blob_id, text, _chunks in todo:
-                written += self.add(account_id, namespace, blob_id, text)
-            return written
+            return sum(self.add(a, ns, b, text) for a, ns, b, text, _chunks in todo)
 
     def _copies(self, account_id: str, blob_id: str) -> dict[int, str]:
         """Existing copies of this blob's vectors: copy number → namespace."""
