@@ -112,7 +112,7 @@ class Burst:
         )
 
 
-def _content(tag: str, cid: int, i: int) -> str:
+def content(tag: str, cid: int, i: int) -> str:
     """Distinct per burst too: identical texts would be one patch (a different path)."""
     return f"client {cid} fact {i} of run {tag}: the build server is in rack {i % 40}"
 
@@ -129,7 +129,7 @@ async def _sdk_loop(url: str, key: str, cid: int, until: float, burst: Burst) ->
             t0 = time.perf_counter()
             r = await c.call_tool(
                 "store",
-                {"content": _content(burst.tag, cid, i), "request_id": f"{burst.tag}c{cid}-{i}"},
+                {"content": content(burst.tag, cid, i), "request_id": f"{burst.tag}c{cid}-{i}"},
             )
             dt = time.perf_counter() - t0
             if r.is_error:
@@ -157,7 +157,7 @@ async def _wire_loop(
             params: dict[str, object] = {
                 "name": "store",
                 "arguments": {
-                    "content": _content(burst.tag, cid, i),
+                    "content": content(burst.tag, cid, i),
                     "request_id": f"{burst.tag}w{cid}-{i}",
                 },
             }

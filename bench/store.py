@@ -39,7 +39,7 @@ from sqlalchemy import Engine, create_engine, text
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import ceiling
-from load import drive, scratch_database, start_walkeep
+from load import content, drive, scratch_database, start_walkeep
 
 TARGET_RATIO = {"sqlite": 0.5, "postgresql": 0.4}
 TARGET_P99_MS = 150.0
@@ -52,11 +52,7 @@ def embedder_rate(seconds: float = 5.0) -> float:
     from walkeep.index.embedder import BATCH_SIZE, load_embedder
 
     embedder = load_embedder(Settings())
-    texts = [
-        f"client {c} fact {i}: the build server is in rack {i % 40}"
-        for c in range(16)
-        for i in range(64)
-    ]
+    texts = [content("embedder", c, i) for c in range(16) for i in range(64)]  # as stored
     embedder.embed(texts[:BATCH_SIZE])  # load the model, untimed
     done = 0
     start = time.perf_counter()
