@@ -20,7 +20,6 @@ from walkeep.service.runtime import Runtime
 from walkeep.service.schemas import RunwayResult, RunwaySummary
 
 COUNTED = {
-    MemoryStatus.STORING: "storing",
     MemoryStatus.ACTIVE: "active",
     MemoryStatus.PAUSED: "paused",
     MemoryStatus.NO_RENEW: "no_renew",
@@ -108,8 +107,8 @@ def test_counts_stay_exact_through_a_memorys_whole_life(rt: Runtime, clock) -> N
     m1 = _store(rt, a, "first", "r1")
     m2 = _store(rt, a, "second", "r2")
     _store(rt, b, "other account", "r1")
-    check()  # storing
-    assert kept_counts(rt)[a] == {"storing": 2}
+    check()  # storing: not in memory_counts (a store's claim never writes there)
+    assert a not in kept_counts(rt)
     land_all(rt)
     check()
     assert kept_counts(rt)[a] == {"active": 2}
@@ -125,7 +124,7 @@ def test_counts_stay_exact_through_a_memorys_whole_life(rt: Runtime, clock) -> N
     assert kept_counts(rt)[b] == {"active": 1}  # failed is not counted
     assert _store(rt, b, "fails once", "r2") == failed  # retried: failed → storing
     check()
-    assert kept_counts(rt)[b] == {"active": 1, "storing": 1}
+    assert kept_counts(rt)[b] == {"active": 1}
     land_all(rt)
 
     # a's credits went on its two stores: at the threshold its active memory pauses.
@@ -197,7 +196,6 @@ def test_every_trigger_insert_update_delete_keeps_counts_exact(rt: Runtime) -> N
         "paused": 1,
         "no_renew": 1,
         "expired": 1,
-        "storing": 1,
     }
 
     with rt.db.begin() as s:  # one statement, both accounts, several transitions

@@ -6,9 +6,13 @@ from one ``memory_counts`` row per account, maintained by triggers on
 ``memories`` (insert, update of status, delete) in the same transaction as
 every change: no code path can forget to update them, and a rolled-back
 change rolls its count back too. One column per listed status, so a change
-is ONE upsert of ONE row; ``accepting`` and ``failed`` are not counted, so
-the accept of a store and the failure of one that never landed write nothing
-here. On PostgreSQL the triggers are per statement (one grouped upsert for a
+is ONE upsert of ONE row; ``accepting``, ``storing`` and ``failed`` are not
+counted, so the accept of a store and the failure of one that never landed write
+nothing here (check_runway counts storing memories off the index: the write backlog
+bounds them). A store's claim takes the account's row lock; had it also counted
+here, at the end of its statement, it would take this row's lock after the
+account's — the opposite order from registration (a status change, then the
+capture), and the two deadlocked under load. On PostgreSQL the triggers are per statement (one grouped upsert for a
 sweep of 100,000 memories), on SQLite per row.
 
 The two indexes serve the summary without touching table rows: ``memories
@@ -40,7 +44,6 @@ depends_on: str | Sequence[str] | None = None
 
 # Counted memory status -> its column (frozen here: a migration is a snapshot).
 COUNTED = {
-    "storing": "storing",
     "active": "active",
     "paused": "paused",
     "no-renew": "no_renew",

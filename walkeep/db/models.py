@@ -238,7 +238,8 @@ class MemoryCounts(Base):
     transaction that inserts, deletes or changes the status of a memory, so
     every code path keeps it exact without knowing it exists. ``check_runway``
     reads it instead of counting a million rows. ``accepting`` and ``failed``
-    are not counted (not listed). A memory's account never changes; the
+    are not counted (not listed), nor ``storing`` (counted off the index by
+    check_runway, bounded by the write backlog; see migration 0011 on why). A memory's account never changes; the
     triggers rely on that. One hot row per account on PostgreSQL, like the
     ``accounts`` row: concurrent status changes of one account serialize on it.
     """
@@ -246,7 +247,6 @@ class MemoryCounts(Base):
     __tablename__ = "memory_counts"
 
     account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), primary_key=True)
-    storing: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     active: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     paused: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     no_renew: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
