@@ -256,13 +256,13 @@ def test_a_replayed_hold_is_a_replay_even_when_the_balance_no_longer_covers_it(
         ledger.hold(s, a, 1000, ref="h-new")
 
 
-def test_capture_many_settles_each_hold_once_with_running_balances(db: Database) -> None:
+def test_capture_holds_settles_each_hold_once_with_running_balances(db: Database) -> None:
     a = _account(db, credits=10)
     with db.begin() as s:
         for n, amount in enumerate((1000, 2500, 500)):
             ledger.hold(s, a, amount, ref=f"h{n}")
     with db.begin() as s:
-        assert ledger.capture_many(s, a, [("h2", "m2"), ("h0", "m0"), ("h1", "m1")]) == 3
+        assert ledger.capture_holds(s, a, [("h2", "m2"), ("h0", "m0"), ("h1", "m1")]) == 3
     assert _bal(db, a) == ledger.Balance(balance_mc=6000, held_mc=0)
     with db.read() as s:
         assert ledger.recompute(s, a) == _bal(db, a)
@@ -278,11 +278,11 @@ def test_capture_many_settles_each_hold_once_with_running_balances(db: Database)
     with db.begin() as s:
         ledger.hold(s, a, 1000, ref="h3")
     with pytest.raises(IntegrityError), db.begin() as s:
-        ledger.capture_many(s, a, [("h3", "m3"), ("h0", "again")])
+        ledger.capture_holds(s, a, [("h3", "m3"), ("h0", "again")])
     with db.begin() as s:
         ledger.release(s, a, "h3")
     with pytest.raises(IntegrityError), db.begin() as s:
-        ledger.capture_many(s, a, [("h3", "m3")])
+        ledger.capture_holds(s, a, [("h3", "m3")])
     with pytest.raises(NotFound), db.begin() as s:
-        ledger.capture_many(s, a, [("nope", "m")])
+        ledger.capture_holds(s, a, [("nope", "m")])
     assert _bal(db, a) == ledger.Balance(balance_mc=6000, held_mc=0)

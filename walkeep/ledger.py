@@ -245,10 +245,13 @@ _CAPTURE = (
 _RELEASE = update(_A).where(_ACCOUNT).values(held_mc=_A.c.held_mc - _AMOUNT).returning(*_AFTER)
 _APPEND = insert(_E).returning(_E.c.id)
 _APPEND_ROWS = insert(_E)
-_HOLD_ROWS = select(_E.c.ref, _E.c.id, _E.c.amount_mc).where(
+# By exact (account, ref), the UNIQUE index; the kind is checked in Python (as a condition
+# it can steer PostgreSQL to the (account_id, kind, …) index, which reads every hold the
+# account ever had). The refs are rendered into the SQL, so it is never a prepared
+# statement whose generic plan was chosen while the ledger was small.
+_HOLD_ROWS = select(_E.c.ref, _E.c.id, _E.c.amount_mc, _E.c.kind).where(
     _E.c.account_id == bindparam("p_account"),
-    _E.c.ref.in_(bindparam("p_refs", expanding=True)),
-    _E.c.kind == str(Kind.HOLD),
+    _E.c.ref.in_(bindparam("p_refs", expanding=True, literal_execute=True)),
 )
 _HOLD_ROW = select(_E.c.id, _E.c.amount_mc).where(
     _E.c.account_id == bindparam("p_account"),
@@ -375,7 +378,7 @@ def capture(
     return _settle(session, account_id, hold_ref, Kind.CAPTURE, ref or f"{hold_ref}:capture", memo)
 
 
-def capture_many(session: Session, account_id: str, holds: Sequence[tuple[str, str]]) -> int:
+def capture_holds(session: Session, account_id: str, holds: Sequence[tuple[str, str]]) -> int:
     """Capture several holds of one account, given as (hold ref, memo): one read of the
     holds, one account UPDATE, one multi-row INSERT — the cost of registering a landed
     quilt's members no longer grows by five statements per member.
@@ -392,6 +395,7 @@ def capture_many(session: Session, account_id: str, holds: Sequence[tuple[str, s
     found = {
         row.ref: (int(row.id), int(row.amount_mc))
         for row in session.execute(_HOLD_ROWS, {"p_account": account_id, "p_refs": refs})
+        if row.kind == Kind.HOLD
     }
     missing = [ref for ref in refs if ref not in found]
     if missing:

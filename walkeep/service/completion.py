@@ -195,7 +195,7 @@ def _register_batch(
                     (hold_ref(memory.id, memory.attempt), f"stored {memory.id}")
                 )
         for account_id in sorted(captures):
-            ledger.capture_many(s, account_id, captures[account_id])
+            ledger.capture_holds(s, account_id, captures[account_id])
     return results
 
 
