@@ -34,6 +34,7 @@ from sqlalchemy import (
     Insert,
     Update,
     bindparam,
+    case,
     insert,
     literal,
     select,
@@ -253,6 +254,8 @@ _HOLD_ROWS = select(_E.c.ref, _E.c.id, _E.c.amount_mc, _E.c.kind).where(
     _E.c.account_id == bindparam("p_account"),
     _E.c.ref.in_(bindparam("p_refs", expanding=True, literal_execute=True)),
 )
+# Many rows, one statement ("insertmanyvalues"); ids come back in parameter order.
+_APPEND_MANY = insert(_E).returning(_E.c.id, sort_by_parameter_order=True)
 _HOLD_ROW = select(_E.c.id, _E.c.amount_mc).where(
     _E.c.account_id == bindparam("p_account"),
     _E.c.ref == bindparam("p_ref"),
@@ -440,6 +443,113 @@ def release(
     return _settle(session, account_id, hold_ref, Kind.RELEASE, ref or f"{hold_ref}:release", memo)
 
 
+# --- batches (one statement per step, whatever the number of accounts) ------------------
+#
+# The renewal pass holds, then captures, the cost of a batch of blobs for every
+# account that owns one: up to ``renew_batch`` accounts per transaction. One
+# ``hold``/``capture`` per account costs a savepoint, an UPDATE and an INSERT
+# each (plus a lookup per capture): most of a batch's round trips on
+# PostgreSQL. The batch forms below do the same writes with one UPDATE and one
+# INSERT for all accounts. They never decide anything differently: if the
+# fast path meets anything but the plain case (a shortfall, a replayed or
+# already-settled ref, a repeated account), its savepoint is rolled back and
+# the single-entry functions run one by one, with their exact semantics.
+
+
+class _Slow(Exception):
+    """The batch fast path met a case the single-entry functions must decide."""
+
+
+def hold_many(
+    session: Session, holds: Sequence[tuple[str, int, str]], *, memo: str | None = None
+) -> list[Entry]:
+    """``hold`` for each ``(account_id, amount_mc, ref)``, in order, as one step.
+
+    Same outcome as calling :func:`hold` for each in turn (including
+    InsufficientBalance after the earlier ones were held, and replays).
+    """
+    for _account, amount, _ref in holds:
+        _positive(amount)
+    accounts = [a for a, _, _ in holds]
+    if len(holds) > 1 and len(set(accounts)) == len(accounts):
+        amounts = {a: amount for a, amount, _ in holds}
+        delta = case(amounts, value=_A.c.id)
+        stmt = (
+            update(_A)
+            .where(_A.c.id.in_(accounts), _A.c.balance_mc - _A.c.held_mc >= delta)
+            .values(held_mc=_A.c.held_mc + delta)
+            .returning(_A.c.id, *_AFTER)
+        )
+        try:
+            with session.begin_nested():
+                after = {r[0]: (int(r[1]), int(r[2])) for r in session.execute(stmt)}
+                if len(after) != len(holds):
+                    raise _Slow  # someone cannot cover theirs: decide one by one
+                return _append_many(
+                    session,
+                    [(a, Kind.HOLD, amt, ref, after[a], None) for a, amt, ref in holds],
+                    memo,
+                )
+        except (_Slow, IntegrityError):
+            pass  # rolled back to the savepoint; nothing of the batch remains
+    return [hold(session, a, amount, ref=ref, memo=memo) for a, amount, ref in holds]
+
+
+def capture_many(
+    session: Session, holds: Sequence[tuple[str, str]], *, memo: str | None = None
+) -> list[Entry]:
+    """``capture`` of each ``(account_id, hold_ref)``, in order, as one step (default refs).
+
+    Same outcome as calling :func:`capture` for each in turn: a replay returns
+    the original entry, a hold released before raises LedgerConflict, an
+    unknown hold NotFound.
+    """
+    accounts = [a for a, _ in holds]
+    if len(holds) > 1 and len(set(accounts)) == len(accounts):
+        found = {
+            (r[0], r[1]): (int(r[2]), int(r[3]))
+            for r in session.execute(
+                select(_E.c.account_id, _E.c.ref, _E.c.id, _E.c.amount_mc).where(
+                    _E.c.account_id.in_(accounts),
+                    _E.c.ref.in_([ref for _, ref in holds]),
+                    _E.c.kind == str(Kind.HOLD),
+                )
+            )
+        }
+        if all(h in found for h in holds):
+            amounts = {a: found[(a, ref)][1] for a, ref in holds}
+            delta = case(amounts, value=_A.c.id)
+            stmt = (
+                update(_A)
+                .where(_A.c.id.in_(accounts))
+                .values(balance_mc=_A.c.balance_mc - delta, held_mc=_A.c.held_mc - delta)
+                .returning(_A.c.id, *_AFTER)
+            )
+            try:
+                with session.begin_nested():
+                    after = {r[0]: (int(r[1]), int(r[2])) for r in session.execute(stmt)}
+                    if len(after) != len(holds):
+                        raise _Slow
+                    return _append_many(
+                        session,
+                        [
+                            (
+                                a,
+                                Kind.CAPTURE,
+                                amounts[a],
+                                f"{ref}:capture",
+                                after[a],
+                                found[(a, ref)][0],
+                            )
+                            for a, ref in holds
+                        ],
+                        memo,
+                    )
+            except (_Slow, IntegrityError):
+                pass  # settled before (replay or conflict), or a CHECK refused: one by one
+    return [capture(session, a, ref, memo=memo) for a, ref in holds]
+
+
 # --- internals ---------------------------------------------------------------------------
 
 
@@ -556,6 +666,35 @@ def _append(
     return Entry(
         entry_id, account_id, str(kind), amount_mc, ref, settles_id, after[0], after[1], memo, now
     )
+
+
+def _append_many(
+    session: Session,
+    rows: Sequence[tuple[str, str, int, str, tuple[int, int], int | None]],
+    memo: str | None,
+) -> list[Entry]:
+    """Insert ledger entries ``(account, kind, amount, ref, (balance, held) after,
+    settles_id)`` in one statement; the Entries in the same order."""
+    now = _now(session)
+    params = [
+        {
+            "account_id": account_id,
+            "kind": str(kind),
+            "amount_mc": amount_mc,
+            "ref": ref,
+            "settles_id": settles_id,
+            "balance_after_mc": after[0],
+            "held_after_mc": after[1],
+            "memo": memo,
+            "created_at": now,
+        }
+        for account_id, kind, amount_mc, ref, after, settles_id in rows
+    ]
+    ids = session.execute(_APPEND_MANY, params).scalars().all()
+    return [
+        Entry(entry_id, a, str(k), amt, ref, settles, after[0], after[1], memo, now)
+        for entry_id, (a, k, amt, ref, after, settles) in zip(ids, rows, strict=True)
+    ]
 
 
 def _apply(
