@@ -25,10 +25,10 @@ import base64
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import base58
 from pysui.sui.sui_bcs import bcs
 from pysui.sui.sui_common.txn_transaction_builder import ProgrammableTransactionBuilder
 
+from walkeep.backends.b58 import b58decode
 from walkeep.backends.sui.codec import normalize_address, pure_u32
 
 # Sui protocol caps (protocol config): 1024 commands and 2048 input objects per
@@ -597,7 +597,7 @@ class _W:
     def owned(self, ref: ObjectRef) -> None:
         self.addr(ref.object_id)
         self.u64(ref.version)
-        digest = base58.b58decode(ref.digest)
+        digest = b58decode(ref.digest)
         if len(digest) != 32:
             raise ValueError(f"object digest of {ref.object_id} is not 32 bytes")
         self.uleb(32)
