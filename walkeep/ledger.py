@@ -38,6 +38,7 @@ from sqlalchemy import (
     insert,
     literal,
     select,
+    tuple_,
     update,
 )
 from sqlalchemy.exc import IntegrityError
@@ -506,15 +507,17 @@ def capture_many(
     """
     accounts = [a for a, _ in holds]
     if len(holds) > 1 and len(set(accounts)) == len(accounts):
+        # Exact (account, ref) pairs: the UNIQUE index answers each; the kind is
+        # checked here, as a condition in SQL it lets PostgreSQL pick the
+        # (account_id, kind, …) index and read every hold the account ever had.
         found = {
             (r[0], r[1]): (int(r[2]), int(r[3]))
             for r in session.execute(
-                select(_E.c.account_id, _E.c.ref, _E.c.id, _E.c.amount_mc).where(
-                    _E.c.account_id.in_(accounts),
-                    _E.c.ref.in_([ref for _, ref in holds]),
-                    _E.c.kind == str(Kind.HOLD),
+                select(_E.c.account_id, _E.c.ref, _E.c.id, _E.c.amount_mc, _E.c.kind).where(
+                    tuple_(_E.c.account_id, _E.c.ref).in_([tuple(h) for h in holds])
                 )
             )
+            if r[4] == Kind.HOLD
         }
         if all(h in found for h in holds):
             amounts = {a: found[(a, ref)][1] for a, ref in holds}

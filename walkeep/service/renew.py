@@ -48,7 +48,7 @@ from walkeep.backends.base import (
     PreparedTx,
     TxEffects,
 )
-from walkeep.db import rowcount
+from walkeep.db import insert_rows, rowcount
 from walkeep.db.models import Account, Blob, Memory, Renewal, RenewalItem, table
 from walkeep.errors import InsufficientBalance
 from walkeep.lifecycle import BlobStatus, MemoryStatus
@@ -62,8 +62,7 @@ from walkeep.service.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
-# Core, not the ORM: plain rows skip the ORM's bulk-insert bookkeeping.
-_INSERT_ITEMS = insert(table(RenewalItem))
+_ITEMS = table(RenewalItem)
 
 # An intent younger than this may still be in flight in the worker that made it.
 INTENT_GRACE_SECONDS = 120
@@ -390,8 +389,9 @@ def _claim_batch(
             )
             .returning(Renewal.id)
         ).scalar_one()
-        s.execute(
-            _INSERT_ITEMS,
+        insert_rows(
+            s,
+            _ITEMS,
             [
                 {
                     "renewal_id": renewal_id,
