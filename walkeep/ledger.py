@@ -444,113 +444,102 @@ def release(
     return _settle(session, account_id, hold_ref, Kind.RELEASE, ref or f"{hold_ref}:release", memo)
 
 
-# --- batches (one statement per step, whatever the number of accounts) ------------------
+# --- batches: one UPDATE and one INSERT for many accounts ----------------------------------
 #
-# The renewal pass holds, then captures, the cost of a batch of blobs for every
-# account that owns one: up to ``renew_batch`` accounts per transaction. One
-# ``hold``/``capture`` per account costs a savepoint, an UPDATE and an INSERT
-# each (plus a lookup per capture): most of a batch's round trips on
-# PostgreSQL. The batch forms below do the same writes with one UPDATE and one
-# INSERT for all accounts. They never decide anything differently: if the
-# fast path meets anything but the plain case (a shortfall, a replayed or
-# already-settled ref, a repeated account), its savepoint is rolled back and
-# the single-entry functions run one by one, with their exact semantics.
+# The renewal pass holds, then captures, a batch's cost for every account that
+# owns one of its blobs: up to ``renew_batch`` accounts per transaction. Per
+# account, ``hold``/``capture`` cost a savepoint, an UPDATE and an INSERT (and
+# a lookup per capture): most of a batch's round trips on PostgreSQL. The
+# batch forms write the same rows with one statement per step. Like
+# ``try_hold_new`` they take no savepoint: they are for refs that cannot exist
+# yet, so a collision is a bug and aborts the caller's transaction.
 
 
-class _Slow(Exception):
-    """The batch fast path met a case the single-entry functions must decide."""
-
-
-def hold_many(
+def hold_new_many(
     session: Session, holds: Sequence[tuple[str, int, str]], *, memo: str | None = None
 ) -> list[Entry]:
-    """``hold`` for each ``(account_id, amount_mc, ref)``, in order, as one step.
+    """Hold ``amount_mc`` on each ``(account_id, amount_mc, ref)`` (one per account) under
+    refs derived from a new id, e.g. ``renewal:<new renewal id>:<account>``.
 
-    Same outcome as calling :func:`hold` for each in turn (including
-    InsufficientBalance after the earlier ones were held, and replays).
+    Raises InsufficientBalance if any account cannot cover its hold, *after*
+    the others were written: the caller's transaction must then be rolled back
+    (the renewal pass reads what each account can cover under its row lock
+    first, so it never gets here).
     """
+    accounts = [a for a, _, _ in holds]
+    if len(set(accounts)) != len(accounts):
+        raise ValueError("one hold per account")
+    if not holds:
+        return []
     for _account, amount, _ref in holds:
         _positive(amount)
-    accounts = [a for a, _, _ in holds]
-    if len(holds) > 1 and len(set(accounts)) == len(accounts):
-        amounts = {a: amount for a, amount, _ in holds}
-        delta = case(amounts, value=_A.c.id)
-        stmt = (
-            update(_A)
-            .where(_A.c.id.in_(accounts), _A.c.balance_mc - _A.c.held_mc >= delta)
-            .values(held_mc=_A.c.held_mc + delta)
-            .returning(_A.c.id, *_AFTER)
+    delta = case({a: amount for a, amount, _ in holds}, value=_A.c.id)
+    stmt = (
+        update(_A)
+        .where(_A.c.id.in_(accounts), _A.c.balance_mc - _A.c.held_mc >= delta)
+        .values(held_mc=_A.c.held_mc + delta)
+        .returning(_A.c.id, *_AFTER)
+    )
+    after = {r[0]: (int(r[1]), int(r[2])) for r in session.execute(stmt)}
+    short = [(a, amount) for a, amount, _ in holds if a not in after]
+    if short:
+        bal = balance(session, short[0][0])  # NotFound for an unknown account
+        raise InsufficientBalance(
+            "not enough credits",
+            {"needed_mc": short[0][1], "available_mc": bal.available_mc},
         )
-        try:
-            with session.begin_nested():
-                after = {r[0]: (int(r[1]), int(r[2])) for r in session.execute(stmt)}
-                if len(after) != len(holds):
-                    raise _Slow  # someone cannot cover theirs: decide one by one
-                return _append_many(
-                    session,
-                    [(a, Kind.HOLD, amt, ref, after[a], None) for a, amt, ref in holds],
-                    memo,
-                )
-        except (_Slow, IntegrityError):
-            pass  # rolled back to the savepoint; nothing of the batch remains
-    return [hold(session, a, amount, ref=ref, memo=memo) for a, amount, ref in holds]
+    return _append_many(
+        session, [(a, Kind.HOLD, amount, ref, after[a], None) for a, amount, ref in holds], memo
+    )
 
 
 def capture_many(
     session: Session, holds: Sequence[tuple[str, str]], *, memo: str | None = None
 ) -> list[Entry]:
-    """``capture`` of each ``(account_id, hold_ref)``, in order, as one step (default refs).
+    """Capture each ``(account_id, hold_ref)`` (one per account; default capture refs)
+    whose settlement the caller has serialised (the renewal pass holds its renewal's
+    row lock and has seen it still an intent), so none can be settled yet.
 
-    Same outcome as calling :func:`capture` for each in turn: a replay returns
-    the original entry, a hold released before raises LedgerConflict, an
-    unknown hold NotFound.
+    NotFound for a missing hold. A hold settled anyway violates UNIQUE
+    ``settles_id`` and aborts the caller's transaction, as it should.
     """
     accounts = [a for a, _ in holds]
-    if len(holds) > 1 and len(set(accounts)) == len(accounts):
-        # Exact (account, ref) pairs: the UNIQUE index answers each; the kind is
-        # checked here, as a condition in SQL it lets PostgreSQL pick the
-        # (account_id, kind, …) index and read every hold the account ever had.
-        found = {
-            (r[0], r[1]): (int(r[2]), int(r[3]))
-            for r in session.execute(
-                select(_E.c.account_id, _E.c.ref, _E.c.id, _E.c.amount_mc, _E.c.kind).where(
-                    tuple_(_E.c.account_id, _E.c.ref).in_([tuple(h) for h in holds])
-                )
+    if len(set(accounts)) != len(accounts):
+        raise ValueError("one capture per account")
+    if not holds:
+        return []
+    # Exact (account, ref) pairs: the UNIQUE index answers each. The kind is
+    # checked here: as a condition in SQL it lets PostgreSQL (no statistics yet)
+    # pick the (account_id, kind, …) index and read every hold the account has.
+    found = {
+        (r[0], r[1]): (int(r[2]), int(r[3]))
+        for r in session.execute(
+            select(_E.c.account_id, _E.c.ref, _E.c.id, _E.c.amount_mc, _E.c.kind).where(
+                tuple_(_E.c.account_id, _E.c.ref).in_([tuple(h) for h in holds])
             )
-            if r[4] == Kind.HOLD
-        }
-        if all(h in found for h in holds):
-            amounts = {a: found[(a, ref)][1] for a, ref in holds}
-            delta = case(amounts, value=_A.c.id)
-            stmt = (
-                update(_A)
-                .where(_A.c.id.in_(accounts))
-                .values(balance_mc=_A.c.balance_mc - delta, held_mc=_A.c.held_mc - delta)
-                .returning(_A.c.id, *_AFTER)
-            )
-            try:
-                with session.begin_nested():
-                    after = {r[0]: (int(r[1]), int(r[2])) for r in session.execute(stmt)}
-                    if len(after) != len(holds):
-                        raise _Slow
-                    return _append_many(
-                        session,
-                        [
-                            (
-                                a,
-                                Kind.CAPTURE,
-                                amounts[a],
-                                f"{ref}:capture",
-                                after[a],
-                                found[(a, ref)][0],
-                            )
-                            for a, ref in holds
-                        ],
-                        memo,
-                    )
-            except (_Slow, IntegrityError):
-                pass  # settled before (replay or conflict), or a CHECK refused: one by one
-    return [capture(session, a, ref, memo=memo) for a, ref in holds]
+        )
+        if r[4] == Kind.HOLD
+    }
+    for hold_key in holds:
+        if hold_key not in found:
+            raise NotFound(f"no hold {hold_key[1]!r}", {"hold_ref": hold_key[1]})
+    amounts = {a: found[(a, ref)][1] for a, ref in holds}
+    delta = case(amounts, value=_A.c.id)
+    stmt = (
+        update(_A)
+        .where(_A.c.id.in_(accounts))
+        .values(balance_mc=_A.c.balance_mc - delta, held_mc=_A.c.held_mc - delta)
+        .returning(_A.c.id, *_AFTER)
+    )
+    after = {r[0]: (int(r[1]), int(r[2])) for r in session.execute(stmt)}
+    return _append_many(
+        session,
+        [
+            (a, Kind.CAPTURE, amounts[a], f"{ref}:capture", after[a], found[(a, ref)][0])
+            for a, ref in holds
+        ],
+        memo,
+    )
 
 
 # --- internals ---------------------------------------------------------------------------

@@ -412,7 +412,7 @@ def _claim_batch(
             .where(Blob.id.in_([b.id for b, _, _ in funded]))
             .values(pending_renewal_id=renewal_id, updated_at=now)
         )
-        ledger.hold_many(
+        ledger.hold_new_many(
             s,
             [
                 (account_id, amount, _hold_ref(renewal_id, account_id))
