@@ -508,14 +508,19 @@ def capture_many(
         raise ValueError("one capture per account")
     if not holds:
         return []
-    # Exact (account, ref) pairs: the UNIQUE index answers each. The kind is
-    # checked here: as a condition in SQL it lets PostgreSQL (no statistics yet)
-    # pick the (account_id, kind, …) index and read every hold the account has.
+    # Exact (account, ref) pairs, for the UNIQUE index; the kind is checked here
+    # (as a condition it can steer PostgreSQL to the (account_id, kind, …) index,
+    # which reads every hold the account ever had). The pairs are rendered into
+    # the SQL so it is never a prepared statement: a generic plan chosen while
+    # the ledger was small (a sequential scan) would be kept as it grows.
+    pairs: BindParameter[Any] = bindparam(
+        "pairs", [tuple(h) for h in holds], expanding=True, literal_execute=True
+    )
     found = {
         (r[0], r[1]): (int(r[2]), int(r[3]))
         for r in session.execute(
             select(_E.c.account_id, _E.c.ref, _E.c.id, _E.c.amount_mc, _E.c.kind).where(
-                tuple_(_E.c.account_id, _E.c.ref).in_([tuple(h) for h in holds])
+                tuple_(_E.c.account_id, _E.c.ref).in_(pairs)
             )
         )
         if r[4] == Kind.HOLD
