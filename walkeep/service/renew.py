@@ -26,6 +26,7 @@ extension that didn't happen.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -36,7 +37,19 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import Update, case, exists, func, insert, select, text, tuple_, update
+from sqlalchemy import (
+    BindParameter,
+    Update,
+    bindparam,
+    case,
+    exists,
+    func,
+    insert,
+    select,
+    text,
+    tuple_,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from walkeep import ledger, lifecycle, metrics, pricing, usage
@@ -62,7 +75,30 @@ from walkeep.service.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
+# Statements of the per-batch path, built once (Core: no ORM bulk bookkeeping;
+# constant SQL, so psycopg prepares them and nothing is rebuilt per batch).
+_BLOBS = table(Blob)
 _ITEMS = table(RenewalItem)
+_RID: BindParameter[int] = bindparam("renewal_id")
+_OF_RENEWAL = (_BLOBS.c.id == _ITEMS.c.blob_pk, _ITEMS.c.renewal_id == _RID)
+# The claimed blobs point at their intent: one UPDATE joined to its items.
+_LEASE = (
+    update(_BLOBS).where(*_OF_RENEWAL).values(pending_renewal_id=_RID, updated_at=bindparam("now"))
+)
+_RECORD_ITEMS = (
+    select(
+        _ITEMS.c.id,
+        _ITEMS.c.new_end_epoch,
+        _BLOBS.c.blob_object_id,
+        _BLOBS.c.kind,
+        _BLOBS.c.storage_size,
+        _ITEMS.c.epochs,
+        _ITEMS.c.cost_mc,
+        _ITEMS.c.account_id,
+    )
+    .join_from(_ITEMS, _BLOBS, _BLOBS.c.id == _ITEMS.c.blob_pk)
+    .where(_ITEMS.c.renewal_id == _RID)
+)
 
 # An intent younger than this may still be in flight in the worker that made it.
 INTENT_GRACE_SECONDS = 120
@@ -407,11 +443,7 @@ def _claim_batch(
             ],
         )
         # The intent is the lease: other workers skip blobs that point at one.
-        s.execute(
-            update(Blob)
-            .where(Blob.id.in_([b.id for b, _, _ in funded]))
-            .values(pending_renewal_id=renewal_id, updated_at=now)
-        )
+        s.execute(_LEASE, {"renewal_id": renewal_id, "now": now})
         ledger.hold_new_many(
             s,
             [
@@ -531,20 +563,7 @@ def _record(
         ).scalar_one_or_none()
         if renewal != "intent":
             return False
-        items = s.execute(
-            select(
-                RenewalItem.id,
-                RenewalItem.new_end_epoch,
-                Blob.blob_object_id,
-                Blob.kind,
-                Blob.storage_size,
-                RenewalItem.epochs,
-                RenewalItem.cost_mc,
-                RenewalItem.account_id,
-            )
-            .join(Blob, Blob.id == RenewalItem.blob_pk)
-            .where(RenewalItem.renewal_id == renewal_id)
-        ).all()
+        items = s.execute(_RECORD_ITEMS, {"renewal_id": renewal_id}).all()
         item_fixes = []
         unbilled = 0
         price = rt.settings.renewal_price_mc_per_unit_epoch
@@ -558,7 +577,10 @@ def _record(
             # The chain's end epoch wins over the plan; the items then hold the truth.
             s.execute(update(RenewalItem), item_fixes)
         if items:
-            s.execute(_record_blobs_stmt(renewal_id, effects.digest, threshold, now))
+            s.execute(
+                _record_blobs_stmt(threshold),
+                {"renewal_id": renewal_id, "digest": effects.digest, "now": now},
+            )
         captured = sum(
             entry.amount_mc
             for entry in ledger.capture_many(
@@ -611,28 +633,30 @@ def _maybe_lock(rt: Runtime, q):  # type: ignore[no-untyped-def]
     return q.with_for_update() if rt.db.is_postgres else q
 
 
-def _record_blobs_stmt(renewal_id: int, digest: str, threshold: int, now: datetime) -> Update:
+@functools.cache
+def _record_blobs_stmt(threshold: int) -> Update:
     """One UPDATE for every blob of a confirmed renewal, joined to its items.
 
     Set-based on purpose: one statement whatever the batch size, where an
     UPDATE per blob cost a round trip (or a pipelined statement) each. Each
     item's ``new_end_epoch`` is what the chain reported (fixed up before this
-    runs); a blob never moves backwards (``max`` with its current end).
+    runs); a blob never moves backwards (``max`` with its current end). Built
+    once per threshold (a setting): the rest are parameters.
     """
-    planned = RenewalItem.new_end_epoch
-    final_end = case((planned > Blob.end_epoch, planned), else_=Blob.end_epoch)
+    planned = _ITEMS.c.new_end_epoch
+    final_end = case((planned > _BLOBS.c.end_epoch, planned), else_=_BLOBS.c.end_epoch)
     return (
-        update(Blob)
-        .where(Blob.id == RenewalItem.blob_pk, RenewalItem.renewal_id == renewal_id)
+        update(_BLOBS)
+        .where(*_OF_RENEWAL)
         .values(
             end_epoch=final_end,
-            renewals_performed=Blob.renewals_performed + 1,
-            last_renewal_tx=digest,
+            renewals_performed=_BLOBS.c.renewals_performed + 1,
+            last_renewal_tx=bindparam("digest"),
             next_renewal_epoch=lifecycle.next_renewal_epoch(final_end, threshold),
             pending_renewal_id=None,
             renew_failures=0,
             renew_not_before=None,
-            updated_at=now,
+            updated_at=bindparam("now"),
         )
     )
 
