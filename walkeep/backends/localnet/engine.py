@@ -385,10 +385,13 @@ def object_digest(object_id: str, version: int) -> str:
     which is all an ObjectRef needs to pin: a different version, a different
     reference.
     """
-    raw = _b2b(
+    return b58encode(_object_digest_raw(object_id, version))
+
+
+def _object_digest_raw(object_id: str, version: int) -> bytes:
+    return _b2b(
         b"walkeep::localnet::object" + bytes.fromhex(object_id[2:]) + version.to_bytes(8, "little")
     )
-    return b58encode(raw)
 
 
 def build_local_extend_tx(sender: str, calls: Sequence[ExtendCall], *, nonce: bytes) -> bytes:
@@ -413,12 +416,13 @@ def build_local_extend_tx(sender: str, calls: Sequence[ExtendCall], *, nonce: by
         system=SharedRef(LOCAL_SYSTEM_OBJECT_ID, LOCAL_SYSTEM_INITIAL_SHARED_VERSION, True),
         calls=[
             SuiCall(
-                ObjectRef(c.object_id, c.version, object_digest(c.object_id, c.version)), c.epochs
+                ObjectRef(c.object_id, c.version, _object_digest_raw(c.object_id, c.version)),
+                c.epochs,
             )
             for c in calls
         ],
-        wal_coins=[ObjectRef(LOCAL_WAL_COIN_ID, 1, object_digest(LOCAL_WAL_COIN_ID, 1))],
-        gas_payment=[ObjectRef(LOCAL_GAS_COIN_ID, 1, b58encode(nonce))],
+        wal_coins=[ObjectRef(LOCAL_WAL_COIN_ID, 1, _object_digest_raw(LOCAL_WAL_COIN_ID, 1))],
+        gas_payment=[ObjectRef(LOCAL_GAS_COIN_ID, 1, nonce)],
         gas_price=LOCAL_GAS_PRICE_MIST,
         gas_budget=GAS_BASE_MIST + GAS_PER_CALL_MIST * len(calls),
         expiration_epoch=None,
