@@ -77,8 +77,11 @@ log = logging.getLogger(__name__)
 
 # Statements of the per-batch path, built once (Core: no ORM bulk bookkeeping;
 # constant SQL, so psycopg prepares them and nothing is rebuilt per batch).
+_ACCOUNTS = table(Account)
 _BLOBS = table(Blob)
 _ITEMS = table(RenewalItem)
+_MEMORIES = table(Memory)
+_RENEWALS = table(Renewal)
 _RID: BindParameter[int] = bindparam("renewal_id")
 _OF_RENEWAL = (_BLOBS.c.id == _ITEMS.c.blob_pk, _ITEMS.c.renewal_id == _RID)
 _ASYNC_COMMIT = text("SET LOCAL synchronous_commit = off")
@@ -308,34 +311,35 @@ def _due_query(rt: Runtime, current: int, now: datetime, after: _Cursor | None):
     its lease go, a top-up resumed it) is renewed by the next pass.
     """
     threshold = rt.settings.renew_threshold_epochs
-    active = exists().where(Memory.blob_pk == Blob.id, Memory.status == MemoryStatus.ACTIVE)
+    b, m = _BLOBS.c, _MEMORIES.c
+    active = exists().where(m.blob_pk == b.id, m.status == MemoryStatus.ACTIVE)
     q = (
         select(
-            Blob.id,
-            Blob.account_id,
-            Blob.blob_object_id,
-            Blob.end_epoch,
-            Blob.storage_size,
-            Blob.renew_failures,
-            Blob.kind,
+            b.id,
+            b.account_id,
+            b.blob_object_id,
+            b.end_epoch,
+            b.storage_size,
+            b.renew_failures,
+            b.kind,
         )
         .where(
-            Blob.status == BlobStatus.LIVE,
-            Blob.pending_renewal_id.is_(None),
-            Blob.end_epoch > current,
-            Blob.end_epoch <= current + threshold,
-            (Blob.renew_not_before.is_(None)) | (Blob.renew_not_before <= now),
+            b.status == BlobStatus.LIVE,
+            b.pending_renewal_id.is_(None),
+            b.end_epoch > current,
+            b.end_epoch <= current + threshold,
+            (b.renew_not_before.is_(None)) | (b.renew_not_before <= now),
             active,
         )
-        .order_by(Blob.end_epoch, Blob.id)
+        .order_by(b.end_epoch, b.id)
         .limit(batch_size(rt))
     )
     if after is not None:
-        q = q.where(tuple_(Blob.end_epoch, Blob.id) > tuple_(*after))
+        q = q.where(tuple_(b.end_epoch, b.id) > tuple_(*after))
     if rt.db.is_postgres:
         # NO KEY UPDATE: compatible with the KEY SHARE locks of concurrent
         # foreign-key inserts (memories being registered on these blobs).
-        q = q.with_for_update(skip_locked=True, of=Blob, key_share=True)
+        q = q.with_for_update(skip_locked=True, of=_BLOBS, key_share=True)
     return q
 
 
@@ -368,10 +372,9 @@ def _claim_batch(
         owners = sorted(a for a in by_account if a is not None)
         # One statement locks every owner, in id order (as one lock at a time
         # did): two passes can never wait on each other's accounts in a cycle.
+        acc = _ACCOUNTS.c
         lock = (
-            select(Account.id, Account.balance_mc, Account.held_mc)
-            .where(Account.id.in_(owners))
-            .order_by(Account.id)
+            select(acc.id, acc.balance_mc, acc.held_mc).where(acc.id.in_(owners)).order_by(acc.id)
         )
         if rt.db.is_postgres:
             lock = lock.with_for_update(key_share=True)
@@ -411,7 +414,7 @@ def _claim_batch(
             if blob.account_id:
                 holds[blob.account_id] += cost
         renewal_id = s.execute(
-            insert(Renewal)
+            insert(_RENEWALS)
             .values(
                 digest=prepared.digest,
                 network=rt.chain.network,
@@ -424,7 +427,7 @@ def _claim_batch(
                 worker=worker,
                 created_at=now,
             )
-            .returning(Renewal.id)
+            .returning(_RENEWALS.c.id)
         ).scalar_one()
         insert_rows(
             s,
@@ -566,7 +569,7 @@ def _record(
             # The next batch's claim commits synchronously and flushes it anyway.
             s.execute(_ASYNC_COMMIT)
         renewal = s.execute(
-            _maybe_lock(rt, select(Renewal.status).where(Renewal.id == renewal_id))
+            _maybe_lock(rt, select(_RENEWALS.c.status).where(_RENEWALS.c.id == renewal_id))
         ).scalar_one_or_none()
         if renewal != "intent":
             return False
@@ -599,14 +602,15 @@ def _record(
                 memo=f"renewal {effects.digest}",
             )
         )
+        r = _RENEWALS.c
         s.execute(
-            update(Renewal)
-            .where(Renewal.id == renewal_id)
+            update(_RENEWALS)
+            .where(r.id == renewal_id)
             .values(
                 status="confirmed",
                 wal_cost_frost=effects.wal_cost_frost,
                 gas_used=effects.gas_used,
-                submitted_at=func.coalesce(Renewal.submitted_at, now),
+                submitted_at=func.coalesce(r.submitted_at, now),
                 settled_at=now,
             )
         )
