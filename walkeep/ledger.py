@@ -247,6 +247,8 @@ _CAPTURE = (
 _RELEASE = update(_A).where(_ACCOUNT).values(held_mc=_A.c.held_mc - _AMOUNT).returning(*_AFTER)
 _APPEND = insert(_E).returning(_E.c.id)
 _APPEND_ROWS = insert(_E)
+# The same with the new ids, in parameter order: one statement ("insertmanyvalues").
+_APPEND_MANY = _APPEND_ROWS.returning(_E.c.id, sort_by_parameter_order=True)
 # By exact (account, ref), the UNIQUE index; the kind is checked in Python (as a condition
 # it can steer PostgreSQL to the (account_id, kind, …) index, which reads every hold the
 # account ever had). The refs are rendered into the SQL, so it is never a prepared
@@ -255,8 +257,12 @@ _HOLD_ROWS = select(_E.c.ref, _E.c.id, _E.c.amount_mc, _E.c.kind).where(
     _E.c.account_id == bindparam("p_account"),
     _E.c.ref.in_(bindparam("p_refs", expanding=True, literal_execute=True)),
 )
-# Many rows, one statement ("insertmanyvalues"); ids come back in parameter order.
-_APPEND_MANY = insert(_E).returning(_E.c.id, sort_by_parameter_order=True)
+# The same for one hold of each of several accounts: exact (account_id, ref) pairs.
+_HOLD_PAIRS = select(_E.c.account_id, _E.c.ref, _E.c.id, _E.c.amount_mc, _E.c.kind).where(
+    tuple_(_E.c.account_id, _E.c.ref).in_(
+        bindparam("p_pairs", expanding=True, literal_execute=True)
+    )
+)
 _HOLD_ROW = select(_E.c.id, _E.c.amount_mc).where(
     _E.c.account_id == bindparam("p_account"),
     _E.c.ref == bindparam("p_ref"),
@@ -496,9 +502,10 @@ def hold_new_many(
 def capture_many(
     session: Session, holds: Sequence[tuple[str, str]], *, memo: str | None = None
 ) -> list[Entry]:
-    """Capture each ``(account_id, hold_ref)`` (one per account; default capture refs)
-    whose settlement the caller has serialised (the renewal pass holds its renewal's
-    row lock and has seen it still an intent), so none can be settled yet.
+    """Capture each ``(account_id, hold_ref)``, one hold per account (several holds of
+    one account: ``capture_holds``), under default capture refs. The caller has
+    serialised their settlement (the renewal pass holds its renewal's row lock and
+    has seen it still an intent), so none can be settled yet.
 
     NotFound for a missing hold. A hold settled anyway violates UNIQUE
     ``settles_id`` and aborts the caller's transaction, as it should.
@@ -508,22 +515,10 @@ def capture_many(
         raise ValueError("one capture per account")
     if not holds:
         return []
-    # Exact (account, ref) pairs, for the UNIQUE index; the kind is checked here
-    # (as a condition it can steer PostgreSQL to the (account_id, kind, …) index,
-    # which reads every hold the account ever had). The pairs are rendered into
-    # the SQL so it is never a prepared statement: a generic plan chosen while
-    # the ledger was small (a sequential scan) would be kept as it grows.
-    pairs: BindParameter[Any] = bindparam(
-        "pairs", [tuple(h) for h in holds], expanding=True, literal_execute=True
-    )
     found = {
-        (r[0], r[1]): (int(r[2]), int(r[3]))
-        for r in session.execute(
-            select(_E.c.account_id, _E.c.ref, _E.c.id, _E.c.amount_mc, _E.c.kind).where(
-                tuple_(_E.c.account_id, _E.c.ref).in_(pairs)
-            )
-        )
-        if r[4] == Kind.HOLD
+        (r.account_id, r.ref): (int(r.id), int(r.amount_mc))
+        for r in session.execute(_HOLD_PAIRS, {"p_pairs": [tuple(h) for h in holds]})
+        if r.kind == Kind.HOLD
     }
     for hold_key in holds:
         if hold_key not in found:
