@@ -286,3 +286,76 @@ def test_capture_holds_settles_each_hold_once_with_running_balances(db: Database
     with pytest.raises(NotFound), db.begin() as s:
         ledger.capture_holds(s, a, [("nope", "m")])
     assert _bal(db, a) == ledger.Balance(balance_mc=6000, held_mc=0)
+
+
+# --- batches (the renewal pass: one UPDATE and one INSERT for many accounts) --------------
+
+
+def _named(db: Database, name: str, credits: int) -> str:
+    return accounts.create_account(db, name, credits_mc=credits * 1000).account_id
+
+
+def test_batch_hold_and_capture_write_what_one_at_a_time_would(db: Database) -> None:
+    a, b, c = _named(db, "a", 10), _named(db, "b", 10), _named(db, "c", 10)
+    with db.begin() as s:  # a reference account, settled one entry at a time
+        one = ledger.hold(s, c, 3000, ref="r:c", memo="m")
+    with db.begin() as s:
+        held = ledger.hold_new_many(s, [(a, 3000, "r:a"), (b, 1500, "r:b")], memo="m")
+    assert [(e.account_id, e.kind, e.amount_mc, e.ref) for e in held] == [
+        (a, Kind.HOLD, 3000, "r:a"),
+        (b, Kind.HOLD, 1500, "r:b"),
+    ]
+    assert (held[0].balance_after_mc, held[0].held_after_mc) == (
+        one.balance_after_mc,
+        one.held_after_mc,
+    )
+    with db.begin() as s:
+        single = ledger.capture(s, c, "r:c", memo="m")
+    with db.begin() as s:
+        captured = ledger.capture_many(s, [(b, "r:b"), (a, "r:a")], memo="m")
+    assert [(e.account_id, e.kind, e.amount_mc, e.ref, e.settles_id) for e in captured] == [
+        (b, Kind.CAPTURE, 1500, "r:b:capture", held[1].id),
+        (a, Kind.CAPTURE, 3000, "r:a:capture", held[0].id),
+    ]
+    assert (captured[1].balance_after_mc, captured[1].held_after_mc) == (
+        single.balance_after_mc,
+        single.held_after_mc,
+    )
+    with db.read() as s:
+        for acct, spent in ((a, 3000), (b, 1500)):
+            bal = ledger.balance(s, acct)
+            assert (bal.balance_mc, bal.held_mc) == (10_000 - spent, 0)
+            assert ledger.recompute(s, acct) == bal
+            assert ledger.open_holds(s, acct) == []
+            stored = ledger.find(s, acct, f"r:{'a' if acct == a else 'b'}:capture")
+            assert stored is not None and stored.memo == "m"
+
+
+def test_batch_hold_short_for_one_account_raises_and_rolls_back_all(db: Database) -> None:
+    a, b = _named(db, "rich", 10), _named(db, "poor", 1)
+    with pytest.raises(InsufficientBalance) as err, db.begin() as s:
+        ledger.hold_new_many(s, [(a, 3000, "r:a"), (b, 1001, "r:b")])
+    assert err.value.data == {"needed_mc": 1001, "available_mc": 1000}
+    assert _bal(db, a).held_mc == _bal(db, b).held_mc == 0
+    with db.read() as s:
+        assert ledger.find(s, a, "r:a") is None
+
+
+def test_batch_hold_refuses_a_reused_ref_and_capture_a_settled_hold(db: Database) -> None:
+    a, b = _named(db, "a", 10), _named(db, "b", 10)
+    with db.begin() as s:
+        ledger.hold(s, a, 1000, ref="r:a")
+        ledger.hold(s, b, 1000, ref="r:b")
+    with pytest.raises(IntegrityError), db.begin() as s:  # a ref that is not new: a bug
+        ledger.hold_new_many(s, [(a, 1000, "r:a"), (b, 1000, "r:b2")])
+    with db.begin() as s:
+        ledger.release(s, b, "r:b")
+    with pytest.raises(IntegrityError), db.begin() as s:  # settled already: aborts
+        ledger.capture_many(s, [(a, "r:a"), (b, "r:b")])
+    with pytest.raises(NotFound), db.begin() as s:
+        ledger.capture_many(s, [(a, "r:a"), (b, "r:nope")])
+    with pytest.raises(ValueError), db.begin() as s:
+        ledger.hold_new_many(s, [(a, 1, "x"), (a, 1, "y")])
+    bal_a, bal_b = _bal(db, a), _bal(db, b)
+    assert (bal_a.balance_mc, bal_a.held_mc) == (10_000, 1000)
+    assert (bal_b.balance_mc, bal_b.held_mc) == (10_000, 0)

@@ -34,9 +34,11 @@ from sqlalchemy import (
     Insert,
     Update,
     bindparam,
+    case,
     insert,
     literal,
     select,
+    tuple_,
     update,
 )
 from sqlalchemy.exc import IntegrityError
@@ -245,6 +247,8 @@ _CAPTURE = (
 _RELEASE = update(_A).where(_ACCOUNT).values(held_mc=_A.c.held_mc - _AMOUNT).returning(*_AFTER)
 _APPEND = insert(_E).returning(_E.c.id)
 _APPEND_ROWS = insert(_E)
+# The same with the new ids, in parameter order: one statement ("insertmanyvalues").
+_APPEND_MANY = _APPEND_ROWS.returning(_E.c.id, sort_by_parameter_order=True)
 # By exact (account, ref), the UNIQUE index; the kind is checked in Python (as a condition
 # it can steer PostgreSQL to the (account_id, kind, …) index, which reads every hold the
 # account ever had). The refs are rendered into the SQL, so it is never a prepared
@@ -252,6 +256,12 @@ _APPEND_ROWS = insert(_E)
 _HOLD_ROWS = select(_E.c.ref, _E.c.id, _E.c.amount_mc, _E.c.kind).where(
     _E.c.account_id == bindparam("p_account"),
     _E.c.ref.in_(bindparam("p_refs", expanding=True, literal_execute=True)),
+)
+# The same for one hold of each of several accounts: exact (account_id, ref) pairs.
+_HOLD_PAIRS = select(_E.c.account_id, _E.c.ref, _E.c.id, _E.c.amount_mc, _E.c.kind).where(
+    tuple_(_E.c.account_id, _E.c.ref).in_(
+        bindparam("p_pairs", expanding=True, literal_execute=True)
+    )
 )
 _HOLD_ROW = select(_E.c.id, _E.c.amount_mc).where(
     _E.c.account_id == bindparam("p_account"),
@@ -440,6 +450,98 @@ def release(
     return _settle(session, account_id, hold_ref, Kind.RELEASE, ref or f"{hold_ref}:release", memo)
 
 
+# --- batches: one UPDATE and one INSERT for many accounts ----------------------------------
+#
+# The renewal pass holds, then captures, a batch's cost for every account that
+# owns one of its blobs: up to ``renew_batch`` accounts per transaction. Per
+# account, ``hold``/``capture`` cost a savepoint, an UPDATE and an INSERT (and
+# a lookup per capture): most of a batch's round trips on PostgreSQL. The
+# batch forms write the same rows with one statement per step. Like
+# ``try_hold_new`` they take no savepoint: they are for refs that cannot exist
+# yet, so a collision is a bug and aborts the caller's transaction.
+
+
+def hold_new_many(
+    session: Session, holds: Sequence[tuple[str, int, str]], *, memo: str | None = None
+) -> list[Entry]:
+    """Hold ``amount_mc`` on each ``(account_id, amount_mc, ref)`` (one per account) under
+    refs derived from a new id, e.g. ``renewal:<new renewal id>:<account>``.
+
+    Raises InsufficientBalance if any account cannot cover its hold, *after*
+    the others were written: the caller's transaction must then be rolled back
+    (the renewal pass reads what each account can cover under its row lock
+    first, so it never gets here).
+    """
+    accounts = [a for a, _, _ in holds]
+    if len(set(accounts)) != len(accounts):
+        raise ValueError("one hold per account")
+    if not holds:
+        return []
+    for _account, amount, _ref in holds:
+        _positive(amount)
+    delta = case({a: amount for a, amount, _ in holds}, value=_A.c.id)
+    stmt = (
+        update(_A)
+        .where(_A.c.id.in_(accounts), _A.c.balance_mc - _A.c.held_mc >= delta)
+        .values(held_mc=_A.c.held_mc + delta)
+        .returning(_A.c.id, *_AFTER)
+    )
+    after = {r[0]: (int(r[1]), int(r[2])) for r in session.execute(stmt)}
+    short = [(a, amount) for a, amount, _ in holds if a not in after]
+    if short:
+        bal = balance(session, short[0][0])  # NotFound for an unknown account
+        raise InsufficientBalance(
+            "not enough credits",
+            {"needed_mc": short[0][1], "available_mc": bal.available_mc},
+        )
+    return _append_many(
+        session, [(a, Kind.HOLD, amount, ref, after[a], None) for a, amount, ref in holds], memo
+    )
+
+
+def capture_many(
+    session: Session, holds: Sequence[tuple[str, str]], *, memo: str | None = None
+) -> list[Entry]:
+    """Capture each ``(account_id, hold_ref)``, one hold per account (several holds of
+    one account: ``capture_holds``), under default capture refs. The caller has
+    serialised their settlement (the renewal pass holds its renewal's row lock and
+    has seen it still an intent), so none can be settled yet.
+
+    NotFound for a missing hold. A hold settled anyway violates UNIQUE
+    ``settles_id`` and aborts the caller's transaction, as it should.
+    """
+    accounts = [a for a, _ in holds]
+    if len(set(accounts)) != len(accounts):
+        raise ValueError("one capture per account")
+    if not holds:
+        return []
+    found = {
+        (r.account_id, r.ref): (int(r.id), int(r.amount_mc))
+        for r in session.execute(_HOLD_PAIRS, {"p_pairs": [tuple(h) for h in holds]})
+        if r.kind == Kind.HOLD
+    }
+    for hold_key in holds:
+        if hold_key not in found:
+            raise NotFound(f"no hold {hold_key[1]!r}", {"hold_ref": hold_key[1]})
+    amounts = {a: found[(a, ref)][1] for a, ref in holds}
+    delta = case(amounts, value=_A.c.id)
+    stmt = (
+        update(_A)
+        .where(_A.c.id.in_(accounts))
+        .values(balance_mc=_A.c.balance_mc - delta, held_mc=_A.c.held_mc - delta)
+        .returning(_A.c.id, *_AFTER)
+    )
+    after = {r[0]: (int(r[1]), int(r[2])) for r in session.execute(stmt)}
+    return _append_many(
+        session,
+        [
+            (a, Kind.CAPTURE, amounts[a], f"{ref}:capture", after[a], found[(a, ref)][0])
+            for a, ref in holds
+        ],
+        memo,
+    )
+
+
 # --- internals ---------------------------------------------------------------------------
 
 
@@ -556,6 +658,35 @@ def _append(
     return Entry(
         entry_id, account_id, str(kind), amount_mc, ref, settles_id, after[0], after[1], memo, now
     )
+
+
+def _append_many(
+    session: Session,
+    rows: Sequence[tuple[str, str, int, str, tuple[int, int], int | None]],
+    memo: str | None,
+) -> list[Entry]:
+    """Insert ledger entries ``(account, kind, amount, ref, (balance, held) after,
+    settles_id)`` in one statement; the Entries in the same order."""
+    now = _now(session)
+    params = [
+        {
+            "account_id": account_id,
+            "kind": str(kind),
+            "amount_mc": amount_mc,
+            "ref": ref,
+            "settles_id": settles_id,
+            "balance_after_mc": after[0],
+            "held_after_mc": after[1],
+            "memo": memo,
+            "created_at": now,
+        }
+        for account_id, kind, amount_mc, ref, after, settles_id in rows
+    ]
+    ids = session.execute(_APPEND_MANY, params).scalars().all()
+    return [
+        Entry(entry_id, a, str(k), amt, ref, settles, after[0], after[1], memo, now)
+        for entry_id, (a, k, amt, ref, after, settles) in zip(ids, rows, strict=True)
+    ]
 
 
 def _apply(

@@ -10,6 +10,10 @@ released; the request may be retried with the same request_id).
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import TYPE_CHECKING, overload
+
+if TYPE_CHECKING:  # types only: this module stays free of the database
+    from sqlalchemy import ColumnElement
 
 # Walrus refuses to keep storage paid for more than this many epochs ahead.
 MAX_EPOCHS_AHEAD = 53
@@ -69,6 +73,16 @@ def extension_epochs(end_epoch: int, current_epoch: int, target_runway: int) -> 
     return max(0, min(wanted, MAX_EPOCHS_AHEAD - remaining))
 
 
-def next_renewal_epoch(end_epoch: int, threshold: int) -> int:
-    """The first epoch at which the worker will try to renew this blob."""
+@overload
+def next_renewal_epoch(end_epoch: int, threshold: int) -> int: ...
+@overload
+def next_renewal_epoch(end_epoch: ColumnElement[int], threshold: int) -> ColumnElement[int]: ...
+def next_renewal_epoch(
+    end_epoch: int | ColumnElement[int], threshold: int
+) -> int | ColumnElement[int]:
+    """The first epoch at which the worker will try to renew this blob.
+
+    Also takes a SQL expression, so a set-based UPDATE (the renewal pass)
+    computes it with this same rule rather than a copy of it.
+    """
     return end_epoch - threshold

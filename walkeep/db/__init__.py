@@ -1,5 +1,21 @@
 """Database adapter: engine/transactions, ORM models, migrations."""
 
-from walkeep.db.engine import Database, is_bad_data, is_outage, make_engine, redact, rowcount
+from walkeep.db.engine import (
+    Database,
+    insert_rows,
+    is_bad_data,
+    is_outage,
+    make_engine,
+    redact,
+    rowcount,
+)
 
-__all__ = ["Database", "is_bad_data", "is_outage", "make_engine", "redact", "rowcount"]
+__all__ = [
+    "Database",
+    "insert_rows",
+    "is_bad_data",
+    "is_outage",
+    "make_engine",
+    "redact",
+    "rowcount",
+]

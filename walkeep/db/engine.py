@@ -14,12 +14,25 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, event, text
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Insert,
+    Table,
+    bindparam,
+    create_engine,
+    event,
+    func,
+    insert,
+    select,
+    text,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
@@ -231,6 +244,40 @@ def is_bad_data(exc: BaseException | None) -> bool:
 def rowcount(result: Any) -> int:
     """Rows matched by an UPDATE/DELETE (``Session.execute`` is typed as a plain Result)."""
     return int(getattr(result, "rowcount", 0) or 0)
+
+
+def insert_rows(session: Session, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Insert plain rows (every row with the same keys) in one statement.
+
+    On PostgreSQL, one ``INSERT … SELECT … FROM unnest(:col1, :col2, …)`` with
+    an array per column: psycopg runs an ``executemany`` as one pipelined
+    INSERT per row, which costs the server a bind/execute each (measured:
+    ~12 ms against ~7 ms for 200 renewal items). SQLite runs in-process, where
+    ``executemany`` is already the cheap way.
+    """
+    if not rows:
+        return
+    if session.get_bind().dialect.name != "postgresql":
+        session.execute(insert(table), list(rows))
+        return
+    names = tuple(rows[0])
+    session.execute(
+        _unnest_insert(table, names), {name: [row[name] for row in rows] for name in names}
+    )
+
+
+_UNNEST_INSERTS: dict[tuple[str, tuple[str, ...]], Insert] = {}
+
+
+def _unnest_insert(table: Table, names: tuple[str, ...]) -> Insert:
+    key = (table.name, names)
+    stmt = _UNNEST_INSERTS.get(key)
+    if stmt is None:
+        arrays = [bindparam(name, type_=ARRAY(table.c[name].type)) for name in names]
+        source = func.unnest(*arrays).table_valued(*names).render_derived()
+        stmt = insert(table).from_select(list(names), select(*source.c))
+        _UNNEST_INSERTS[key] = stmt
+    return stmt
 
 
 def redact(url: str) -> str:

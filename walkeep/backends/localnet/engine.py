@@ -62,9 +62,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
-import base58
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from walkeep.backends.b58 import b58decode, b58encode
 from walkeep.backends.base import (
     BlobExtension,
     BlobObject,
@@ -153,7 +153,7 @@ def blob_id_to_u256(blob_id: str) -> int:
 
 def tx_digest(tx_bytes: bytes) -> str:
     """Sui's transaction digest: ``base58(blake2b256(b"TransactionData::" ‖ bytes))``."""
-    return base58.b58encode(_b2b(b"TransactionData::" + tx_bytes)).decode()
+    return b58encode(_b2b(b"TransactionData::" + tx_bytes))
 
 
 def sui_address(ed25519_public_key: bytes) -> str:
@@ -165,7 +165,7 @@ def sui_address(ed25519_public_key: bytes) -> str:
 
 def derive_object_id(digest: str, creation_num: int) -> str:
     """Sui's ``ObjectID::derive_id``: ``blake2b256(0xf1 ‖ tx digest ‖ u64le n)``."""
-    return _derive_object_id(base58.b58decode(digest), creation_num)
+    return _derive_object_id(b58decode(digest), creation_num)
 
 
 def _derive_object_id(raw_digest: bytes, creation_num: int) -> str:
@@ -385,10 +385,13 @@ def object_digest(object_id: str, version: int) -> str:
     which is all an ObjectRef needs to pin: a different version, a different
     reference.
     """
-    raw = _b2b(
+    return b58encode(_object_digest_raw(object_id, version))
+
+
+def _object_digest_raw(object_id: str, version: int) -> bytes:
+    return _b2b(
         b"walkeep::localnet::object" + bytes.fromhex(object_id[2:]) + version.to_bytes(8, "little")
     )
-    return base58.b58encode(raw).decode()
 
 
 def build_local_extend_tx(sender: str, calls: Sequence[ExtendCall], *, nonce: bytes) -> bytes:
@@ -413,12 +416,13 @@ def build_local_extend_tx(sender: str, calls: Sequence[ExtendCall], *, nonce: by
         system=SharedRef(LOCAL_SYSTEM_OBJECT_ID, LOCAL_SYSTEM_INITIAL_SHARED_VERSION, True),
         calls=[
             SuiCall(
-                ObjectRef(c.object_id, c.version, object_digest(c.object_id, c.version)), c.epochs
+                ObjectRef(c.object_id, c.version, _object_digest_raw(c.object_id, c.version)),
+                c.epochs,
             )
             for c in calls
         ],
-        wal_coins=[ObjectRef(LOCAL_WAL_COIN_ID, 1, object_digest(LOCAL_WAL_COIN_ID, 1))],
-        gas_payment=[ObjectRef(LOCAL_GAS_COIN_ID, 1, base58.b58encode(nonce).decode())],
+        wal_coins=[ObjectRef(LOCAL_WAL_COIN_ID, 1, _object_digest_raw(LOCAL_WAL_COIN_ID, 1))],
+        gas_payment=[ObjectRef(LOCAL_GAS_COIN_ID, 1, nonce)],
         gas_price=LOCAL_GAS_PRICE_MIST,
         gas_budget=GAS_BASE_MIST + GAS_PER_CALL_MIST * len(calls),
         expiration_epoch=None,
@@ -1042,7 +1046,7 @@ class LocalNetwork(QuiltStoreMixin):
         )
         tx_bytes = encode_tx(tx)
         raw_digest = _b2b(b"TransactionData::" + tx_bytes)
-        digest = base58.b58encode(raw_digest).decode()
+        digest = b58encode(raw_digest)
         object_id = _derive_object_id(raw_digest, 0)
         storage_id = _derive_object_id(raw_digest, 1)
         end_epoch = epoch + epochs

@@ -13,7 +13,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-import base58
+from walkeep.backends.b58 import b58encode
 
 T = TypeVar("T")
 
@@ -114,9 +114,7 @@ def tx_digest(tx_bytes: bytes) -> str:
     Computed before submission so the renewal intent can be recorded with the
     digest the chain will report (DESIGN §3, renewals).
     """
-    return base58.b58encode(
-        hashlib.blake2b(b"TransactionData::" + tx_bytes, digest_size=32).digest()
-    ).decode()
+    return b58encode(hashlib.blake2b(b"TransactionData::" + tx_bytes, digest_size=32).digest())
 
 
 def pure_u32(value: int) -> bytes:

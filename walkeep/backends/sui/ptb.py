@@ -25,10 +25,10 @@ import base64
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import base58
 from pysui.sui.sui_bcs import bcs
 from pysui.sui.sui_common.txn_transaction_builder import ProgrammableTransactionBuilder
 
+from walkeep.backends.b58 import b58decode, b58encode
 from walkeep.backends.sui.codec import normalize_address, pure_u32
 
 # Sui protocol caps (protocol config): 1024 commands and 2048 input objects per
@@ -44,7 +44,9 @@ class ObjectRef:
 
     object_id: str
     version: int
-    digest: str  # base58
+    # base58 as Sui prints it, or the 32 raw bytes when the caller has them (the
+    # local chain computes its digests: no round trip through base58 per blob).
+    digest: str | bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,15 +66,21 @@ def _addr(value: str) -> bcs.Address:
     return bcs.Address.from_str(normalize_address(value))
 
 
+def _digest58(ref: ObjectRef) -> str:
+    return ref.digest if isinstance(ref.digest, str) else b58encode(ref.digest)
+
+
 def _owned(ref: ObjectRef) -> bcs.ObjectArg:
     return bcs.ObjectArg(
         "ImmOrOwnedObject",
-        bcs.ObjectReference(_addr(ref.object_id), ref.version, bcs.Digest.from_str(ref.digest)),
+        bcs.ObjectReference(_addr(ref.object_id), ref.version, bcs.Digest.from_str(_digest58(ref))),
     )
 
 
 def _gas_ref(ref: ObjectRef) -> bcs.ObjectReference:
-    return bcs.ObjectReference(_addr(ref.object_id), ref.version, bcs.Digest.from_str(ref.digest))
+    return bcs.ObjectReference(
+        _addr(ref.object_id), ref.version, bcs.Digest.from_str(_digest58(ref))
+    )
 
 
 def _check_extend_args(calls: Sequence[ExtendCall], wal_coins: Sequence[ObjectRef]) -> None:
@@ -597,7 +605,7 @@ class _W:
     def owned(self, ref: ObjectRef) -> None:
         self.addr(ref.object_id)
         self.u64(ref.version)
-        digest = base58.b58decode(ref.digest)
+        digest = ref.digest if isinstance(ref.digest, bytes) else b58decode(ref.digest)
         if len(digest) != 32:
             raise ValueError(f"object digest of {ref.object_id} is not 32 bytes")
         self.uleb(32)
