@@ -41,11 +41,9 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import text
 
 from walkeep import ids
 from walkeep.bootstrap import build_runtime
@@ -56,6 +54,9 @@ from walkeep.db import migrate as migrations
 from walkeep.lifecycle import LISTED, BlobStatus, MemoryStatus
 from walkeep.service import accounts, runway
 from walkeep.service.runtime import Runtime
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from load import scratch_database
 
 TARGET_MS = 100.0
 QUILT_PATCHES = 500
@@ -69,22 +70,6 @@ MIX: dict[str, float | int] = {
     "lapsed": 20,  # kept, on a live blob past its end_epoch: the sweep hasn't run yet
 }
 LAYOUTS = ("spread", "renewed", "tied", "backlog")
-
-
-@contextlib.contextmanager
-def scratch_database(server_url: str) -> Iterator[str]:
-    """A throwaway database on ``server_url``'s server, dropped afterwards."""
-    url = make_url(server_url)
-    name = f"walkeep_bench_{secrets.token_hex(4)}"
-    admin = create_engine(url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield url.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as c:
-            c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 def seed(rt: Runtime, account_id: str, n: int, rng: random.Random, next_blob: int) -> int:

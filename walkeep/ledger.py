@@ -422,17 +422,16 @@ def capture_holds(session: Session, account_id: str, holds: Sequence[tuple[str, 
         hold_id, amount = found[ref]
         balance_after, held_after = balance_after - amount, held_after - amount
         rows.append(
-            {
-                "account_id": account_id,
-                "kind": str(Kind.CAPTURE),
-                "amount_mc": amount,
-                "ref": f"{ref}:capture",
-                "settles_id": hold_id,
-                "balance_after_mc": balance_after,
-                "held_after_mc": held_after,
-                "memo": memo,
-                "created_at": now,
-            }
+            _entry_row(
+                account_id,
+                Kind.CAPTURE,
+                amount,
+                f"{ref}:capture",
+                (balance_after, held_after),
+                hold_id,
+                memo,
+                now,
+            )
         )
     session.execute(_APPEND_ROWS, rows)
     return len(rows)
@@ -641,23 +640,35 @@ def _append(
 ) -> Entry:
     """Insert one ledger entry recording the account's new (balance, held)."""
     now = _now(session)
-    entry_id = session.execute(
-        _APPEND,
-        {
-            "account_id": account_id,
-            "kind": str(kind),
-            "amount_mc": amount_mc,
-            "ref": ref,
-            "settles_id": settles_id,
-            "balance_after_mc": after[0],
-            "held_after_mc": after[1],
-            "memo": memo,
-            "created_at": now,
-        },
-    ).scalar_one()
+    row = _entry_row(account_id, kind, amount_mc, ref, after, settles_id, memo, now)
+    entry_id = session.execute(_APPEND, row).scalar_one()
     return Entry(
         entry_id, account_id, str(kind), amount_mc, ref, settles_id, after[0], after[1], memo, now
     )
+
+
+def _entry_row(
+    account_id: str,
+    kind: str,
+    amount_mc: int,
+    ref: str,
+    after: tuple[int, int],
+    settles_id: int | None,
+    memo: str | None,
+    now: datetime,
+) -> dict[str, Any]:
+    """A ``ledger_entries`` row recording the account's (balance, held) after it."""
+    return {
+        "account_id": account_id,
+        "kind": str(kind),
+        "amount_mc": amount_mc,
+        "ref": ref,
+        "settles_id": settles_id,
+        "balance_after_mc": after[0],
+        "held_after_mc": after[1],
+        "memo": memo,
+        "created_at": now,
+    }
 
 
 def _append_many(
@@ -669,17 +680,7 @@ def _append_many(
     settles_id)`` in one statement; the Entries in the same order."""
     now = _now(session)
     params = [
-        {
-            "account_id": account_id,
-            "kind": str(kind),
-            "amount_mc": amount_mc,
-            "ref": ref,
-            "settles_id": settles_id,
-            "balance_after_mc": after[0],
-            "held_after_mc": after[1],
-            "memo": memo,
-            "created_at": now,
-        }
+        _entry_row(account_id, kind, amount_mc, ref, after, settles_id, memo, now)
         for account_id, kind, amount_mc, ref, after, settles_id in rows
     ]
     ids = session.execute(_APPEND_MANY, params).scalars().all()
