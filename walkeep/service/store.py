@@ -22,6 +22,10 @@ was reached since: a replay is not a new store.
 A storage outage at accept (RELAYER_UNAVAILABLE) releases the hold and
 deletes the claim, so nothing is billed and the same request_id simply
 retries.
+
+On PostgreSQL, with the self-run relayer, steps 2–4 are ONE statement
+(``_claim_at_once``): same order and outcomes, but the account's row lock lasts
+that statement only.
 """
 
 from __future__ import annotations
