@@ -24,6 +24,7 @@ secret): N processes racing to create the same files would be safe, but not obvi
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 import sys
 import threading
@@ -48,6 +49,18 @@ log = logging.getLogger(__name__)
 READY_SECONDS = 120.0
 # How often the supervisor's completer looks for writes the web processes accepted.
 SUPERVISOR_POLL_SECONDS = 0.25
+
+
+def freeze_start_up_heap() -> None:
+    """Take everything start-up built (modules, the MCP and pydantic schemas, SQLAlchemy's
+    mappers: ~250,000 objects) out of the cyclic garbage collector's sight.
+
+    Otherwise every full collection walks all of it again: measured here at 150–175 ms,
+    every 1–2 s under load, with every request of the process stopped meanwhile. That
+    pause *was* the store benchmark's p99. None of these objects ever becomes garbage, so
+    there is nothing to miss; what requests allocate later is collected as before."""
+    gc.collect()
+    gc.freeze()
 
 
 def check_workers(settings: Settings, workers: int) -> None:
@@ -109,6 +122,7 @@ def serve_one(rt: Runtime, *, host: str, port: int, banner: str, scheduler: bool
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets=sockets)
             if self.started:
+                freeze_start_up_heap()
                 print(banner, file=sys.stderr, flush=True)
 
     Server(uvicorn.Config(application, host=host, port=port, log_level="warning")).run()
@@ -129,7 +143,9 @@ def web_app(settings: Settings) -> FastAPI:
         # STARTUP_FAILURE makes the supervisor stop them all and say so instead.
         log.exception("web process could not start")
         sys.exit(STARTUP_FAILURE)
-    return create_app(rt, on_stop=InProcessWorker(rt, enabled=False).stop)
+    app = create_app(rt, on_stop=InProcessWorker(rt, enabled=False).stop)
+    freeze_start_up_heap()
+    return app
 
 
 class Supervisor(Multiprocess):
