@@ -48,7 +48,7 @@ from sqlalchemy import and_, case, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from walkeep import ids, metrics, pricing
+from walkeep import ids, metrics, nowait, pricing
 from walkeep.backends.base import (
     BlobObject,
     BlobStore,
@@ -128,6 +128,7 @@ class SelfRelayer:
         cached = self._health
         if cached and now - cached[0] < HEALTH_TTL_SECONDS:
             return cached[1]
+        nowait.refuse("a storage health probe")  # it may go over the network
         try:
             h = self.store.health()
             if h.ok and self.max_backlog:

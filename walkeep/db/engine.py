@@ -37,6 +37,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from walkeep import nowait
 from walkeep.clock import Clock, SystemClock
 from walkeep.errors import ConfigurationError
 
@@ -57,6 +58,18 @@ def _sqlite_on_connect(dbapi_conn: sqlite3.Connection, _record: Any) -> None:
 def _sqlite_on_begin(conn: Any) -> None:
     if conn.get_execution_options().get("walkeep_readonly"):
         conn.exec_driver_sql("BEGIN")
+    elif nowait.active():
+        # Another process holding the write lock would keep us in SQLite's busy handler
+        # (up to the busy timeout) on a thread that promised not to wait: ask once.
+        conn.exec_driver_sql("PRAGMA busy_timeout=0")
+        try:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        except OperationalError as exc:
+            if "locked" not in str(exc.orig) and "busy" not in str(exc.orig):
+                raise
+            raise nowait.WouldWait("another process holds the SQLite write lock") from exc
+        finally:
+            conn.exec_driver_sql(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
     else:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
@@ -169,8 +182,13 @@ class Database:
         # hands the lock over immediately. (Other processes still meet the
         # busy timeout.) Re-entrant so a nested writer fails the same way it
         # would without the mutex instead of hanging.
-        with self._write_lock, self._write() as session, session.begin():
-            yield session
+        if not self._write_lock.acquire(blocking=not nowait.active()):
+            nowait.refuse("this process's SQLite write lock")
+        try:
+            with self._write() as session, session.begin():
+                yield session
+        finally:
+            self._write_lock.release()
 
     @contextmanager
     def autocommit(self) -> Iterator[Connection]:

@@ -39,6 +39,7 @@ from walkeep.errors import (
     ValidationError,
     WalkeepError,
 )
+from walkeep.nowait import WouldWait, no_wait
 from walkeep.service import balance, export, forget, recall, runway, store
 from walkeep.service.ratelimit import charge_call
 from walkeep.service.runtime import Runtime
@@ -260,22 +261,28 @@ def build_mcp(
             raise Unauthorized("no authenticated account for this call")
         return c
 
-    def admitted(rt: Runtime, tool: str, fn: Callable[..., BaseModel]) -> Callable[..., BaseModel]:
-        def call(account_id: str, *args: Any, **kwargs: Any) -> BaseModel:
-            charge_call(rt, account_id, tool)
-            return fn(rt, account_id, *args, **kwargs)
-
-        return call
-
     async def run(
-        tool: str, fn: Callable[..., BaseModel], *args: Any, **kwargs: Any
+        tool: str,
+        fn: Callable[..., BaseModel],
+        *args: Any,
+        inline: Callable[[Runtime], bool] | None = None,
+        **kwargs: Any,
     ) -> CallToolResult:
+        """Admit the call (rate limit), then run the service function on a worker thread —
+        or first on this one, if ``inline(rt)`` says it can promise not to wait
+        (walkeep/nowait.py); where it would have waited, it starts again on a thread."""
         try:
             c = caller()
-            result = await anyio.to_thread.run_sync(
-                partial(admitted(get_rt(), tool, fn), c.account_id, *args, **kwargs)
-            )
-            return _ok(result)
+            rt = get_rt()
+            charge_call(rt, c.account_id, tool)
+            call = partial(fn, rt, c.account_id, *args, **kwargs)
+            if inline is not None and inline(rt):
+                try:
+                    with no_wait():
+                        return _ok(call())
+                except WouldWait as exc:
+                    log.debug("%s: runs on a thread: it would wait for %s", tool, exc)
+            return _ok(await anyio.to_thread.run_sync(call))
         except WalkeepError as exc:
             return error_result(exc)
         except Exception as exc:
@@ -329,6 +336,7 @@ def build_mcp(
         return await run(
             "store",
             store.store,
+            inline=store.may_run_inline,
             content=content,
             request_id=request_id,
             namespace=ns(namespace) or "default",

@@ -41,7 +41,7 @@ from sqlalchemy import CTE, Insert, bindparam, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from walkeep import ids, ledger, pricing, usage
+from walkeep import ids, ledger, nowait, pricing, usage
 from walkeep.db import rowcount
 from walkeep.db.models import LedgerEntry, Memory, Request, WriteJob, table
 from walkeep.errors import (
@@ -124,6 +124,14 @@ def _storable_metadata(key: str, value: str) -> None:
             raise ValidationError(
                 exc.message.replace("metadata", what, 1), {**exc.data, "key": key[:80]}
             ) from None
+
+
+def may_run_inline(rt: Runtime) -> bool:
+    """Whether a transport may try ``store`` on its own thread inside ``nowait.no_wait()``
+    (walkeep/nowait.py): on SQLite with the self-run relayer nothing on its path leaves
+    the machine, and each thing that could wait refuses to instead. On PostgreSQL every
+    statement is a network round trip, and a remote relayer is an HTTP call: a thread."""
+    return rt.db.is_sqlite and getattr(rt.relayer, "stage", None) is not None
 
 
 def store(
@@ -222,6 +230,7 @@ def store(
                 "retry with the same request_id",
                 {"request_id": request_id, "retry": True},
             )
+        nowait.refuse("an earlier call with this request_id")
         time.sleep(0.02)
 
 

@@ -1,0 +1,149 @@
+"""Stores tried on the event loop (walkeep/nowait.py): they never wait there, and a call
+that would have waited runs again on a worker thread — once, charged once."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import anyio
+import pytest
+from sqlalchemy import text
+
+from walkeep import ledger, nowait
+from walkeep.bootstrap import build_runtime
+from walkeep.clock import ManualClock
+from walkeep.db import Database
+from walkeep.db.engine import SQLITE_BUSY_TIMEOUT_MS
+from walkeep.mcp.server import Caller, build_mcp
+from walkeep.service import accounts, store
+from walkeep.service.ratelimit import limiter
+
+
+@pytest.fixture
+def sqlite_db(_sqlite_template: Path, tmp_path: Path, clock: ManualClock) -> Iterator[Database]:
+    """These tests are about SQLite's locks: a SQLite database even in the PostgreSQL run."""
+    path = tmp_path / "walkeep.db"
+    shutil.copyfile(_sqlite_template, path)
+    database = Database(f"sqlite:///{path}", clock=clock)
+    yield database
+    database.dispose()
+
+
+@contextmanager
+def write_lock_held(db: Database) -> Iterator[threading.Event]:
+    """Another thread of this process in a write transaction until the yielded event is
+    set (or 10 s pass: then ``timed_out`` says nobody released it in time)."""
+    held, release = threading.Event(), threading.Event()
+    outcome: dict[str, bool] = {}
+
+    def hold() -> None:
+        with db.begin():
+            held.set()
+            outcome["timed_out"] = not release.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    assert held.wait(10)
+    try:
+        yield release
+    finally:
+        release.set()
+        t.join()
+    release.timed_out = outcome["timed_out"]  # type: ignore[attr-defined]
+
+
+def test_no_wait_refuses_this_process_write_lock_when_taken(sqlite_db: Database) -> None:
+    db = sqlite_db
+    with (
+        write_lock_held(db),
+        nowait.no_wait(),
+        pytest.raises(nowait.WouldWait, match="write lock"),
+        db.begin(),
+    ):
+        raise AssertionError("must not get here while the lock is held")
+    with nowait.no_wait(), db.begin() as s:  # free again: no refusal
+        assert s.execute(text("SELECT 1")).scalar() == 1
+
+
+def test_no_wait_refuses_another_process_lock_without_the_busy_timeout(
+    sqlite_db: Database,
+) -> None:
+    one = Database(sqlite_db.url, pool_size=1, max_overflow=0)  # so the next begin reuses it
+    assert sqlite_db.sqlite_path is not None
+    other = sqlite3.connect(sqlite_db.sqlite_path, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # what another walkeep process would hold
+        started = time.monotonic()
+        with (
+            nowait.no_wait(),
+            pytest.raises(nowait.WouldWait, match="another process"),
+            one.begin() as s,
+        ):
+            s.execute(text("SELECT 1"))  # SQLite's BEGIN IMMEDIATE runs here
+            raise AssertionError("must not get here while the file is locked")
+        # Refused at once, not after SQLite's busy handler gave up (30 s).
+        assert time.monotonic() - started < SQLITE_BUSY_TIMEOUT_MS / 1000 / 6
+        other.execute("ROLLBACK")
+        # The connection it tried with is back to waiting normally for other callers.
+        with one.begin() as s:
+            assert s.execute(text("PRAGMA busy_timeout")).scalar() == SQLITE_BUSY_TIMEOUT_MS
+    finally:
+        other.close()
+        one.dispose()
+
+
+def test_outside_no_wait_nothing_is_refused() -> None:
+    nowait.refuse("anything")  # returns: only no_wait() turns waiting into WouldWait
+    with nowait.no_wait():
+        assert nowait.active()
+        with pytest.raises(nowait.WouldWait):
+            nowait.refuse("anything")
+    assert not nowait.active()
+
+
+def test_store_may_run_inline_only_where_nothing_leaves_the_machine(rt) -> None:  # type: ignore[no-untyped-def]
+    assert store.may_run_inline(rt) == rt.db.is_sqlite
+
+
+def test_a_store_that_would_wait_runs_on_a_thread_once_and_is_charged_once(
+    settings, clock: ManualClock, sqlite_db: Database
+) -> None:  # type: ignore[no-untyped-def]
+    """The write lock is taken: the store must neither block the event loop (the test's
+    own coroutine keeps running and releases the lock) nor be admitted twice (a rate
+    limit of one store leaves no token for a second charge)."""
+    settings.rate_limits = {"store": 1}
+    rt = build_runtime(settings, clock=clock, database=sqlite_db, with_completer=False)
+    assert store.may_run_inline(rt)
+    acct = accounts.create_account(rt.db, "inline", credits_mc=ledger.usd_to_mc("10"))
+    mcp = build_mcp(lambda: rt, transport="stdio", fixed_caller=Caller(acct.account_id))
+    results: list[object] = []
+
+    async def go() -> None:
+        with write_lock_held(rt.db) as release:
+            async with anyio.create_task_group() as tg:
+
+                async def call() -> None:
+                    results.append(
+                        await mcp.call_tool(
+                            "store", {"content": "a fact", "request_id": "req-inline-1"}
+                        )
+                    )
+
+                tg.start_soon(call)
+                await anyio.wait_all_tasks_blocked()  # the call is parked, the loop is free
+                assert not results
+                release.set()
+        assert not release.timed_out  # type: ignore[attr-defined]
+
+    anyio.run(go)
+    (result,) = results
+    assert not result.is_error, result  # type: ignore[attr-defined]
+    assert result.structured_content["status"] == "storing"  # type: ignore[attr-defined]
+    tokens, _ = limiter(rt)._buckets[(acct.account_id, "store")]
+    assert tokens == 0.0
