@@ -121,6 +121,9 @@ def test_two_web_processes_land_and_bill_every_store_exactly_once(
         # second) compete for the same writes.
         WALKEEP_QUILT_WINDOW_SECONDS="1",
         WALKEEP_COMPLETE_WRITES_INTERVAL_SECONDS="1",
+        # Rate buckets are per process and the kernel may hand one process most of the
+        # 140 calls: this test is about exactly-once, not about admission.
+        WALKEEP_RATE_LIMIT_PER_MINUTE="0",
     ) as served:
         _wait_for_banner(served)
         db = Database(fresh_db_url)  # migrated by the supervisor, before any web process
