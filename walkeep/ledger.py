@@ -44,6 +44,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from walkeep.db import Prepared
 from walkeep.db.models import Account, LedgerEntry, table
 from walkeep.errors import InsufficientBalance, NotFound, ValidationError
 
@@ -245,7 +246,21 @@ _CAPTURE = (
     .returning(*_AFTER)
 )
 _RELEASE = update(_A).where(_ACCOUNT).values(held_mc=_A.c.held_mc - _AMOUNT).returning(*_AFTER)
-_APPEND = insert(_E).returning(_E.c.id)
+# Every entry is one of these; on SQLite it runs on the raw cursor (walkeep.db.Prepared).
+_APPEND = Prepared(
+    insert(_E).returning(_E.c.id),
+    keys=(
+        "account_id",
+        "kind",
+        "amount_mc",
+        "ref",
+        "settles_id",
+        "balance_after_mc",
+        "held_after_mc",
+        "memo",
+        "created_at",
+    ),
+)
 _APPEND_ROWS = insert(_E)
 # The same with the new ids, in parameter order: one statement ("insertmanyvalues").
 _APPEND_MANY = _APPEND_ROWS.returning(_E.c.id, sort_by_parameter_order=True)
@@ -317,7 +332,7 @@ def try_hold_new(
     *,
     ref: str,
     memo: str | None,
-    stmt: Update,
+    stmt: Prepared,
     params: Mapping[str, Any],
 ) -> Entry | None:
     """Place a hold with ``stmt`` (from ``hold_statement``) under a ``ref`` that cannot
@@ -329,9 +344,10 @@ def try_hold_new(
     a new id cannot be a duplicate, so a collision here is a bug and aborts the
     caller's transaction, as it should."""
     _positive(amount_mc)
-    row = session.execute(stmt, {"p_account": account_id, "p_amount": amount_mc, **params}).first()
-    if row is None:
+    rows = stmt.run(session, {"p_account": account_id, "p_amount": amount_mc, **params})
+    if not rows:
         return None
+    row = rows[0]
     return _append(session, account_id, Kind.HOLD, amount_mc, ref, (int(row[0]), int(row[1])), memo)
 
 
@@ -641,7 +657,7 @@ def _append(
     """Insert one ledger entry recording the account's new (balance, held)."""
     now = _now(session)
     row = _entry_row(account_id, kind, amount_mc, ref, after, settles_id, memo, now)
-    entry_id = session.execute(_APPEND, row).scalar_one()
+    ((entry_id,),) = _APPEND.run(session, row)
     return Entry(
         entry_id, account_id, str(kind), amount_mc, ref, settles_id, after[0], after[1], memo, now
     )

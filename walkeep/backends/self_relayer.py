@@ -31,6 +31,7 @@ fixed lease.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -59,7 +60,7 @@ from walkeep.backends.base import (
     SearchHit,
 )
 from walkeep.clock import Clock
-from walkeep.db import Database, rowcount
+from walkeep.db import Database, Prepared, rowcount
 from walkeep.db.models import WriteJob, table
 from walkeep.errors import NotFound, QuotaExceeded, RelayerUnavailable, ValidationError
 
@@ -68,6 +69,15 @@ log = logging.getLogger(__name__)
 HEALTH_TTL_SECONDS = 5.0
 # Built once: a job is inserted on every store.
 _INSERT_JOB = insert(table(WriteJob))
+
+
+@functools.cache
+def _job_insert(columns: tuple[str, ...]) -> Prepared:
+    """The job INSERT for rows setting these columns (``job_row`` leaves out unset ones,
+    so their defaults apply): on SQLite a store runs it on the raw cursor."""
+    return Prepared(_INSERT_JOB, keys=columns)
+
+
 _JOB_COLUMNS = tuple(c.key for c in table(WriteJob).columns)
 _ACTIVE = ("pending", "uploaded")
 
@@ -183,7 +193,7 @@ class SelfRelayer:
         The key is new per attempt; a duplicate violates the UNIQUE constraint and
         aborts the caller's transaction (the caller then replays)."""
         row = self.job_row(staged, idempotency_key=idempotency_key, epochs=epochs)
-        session.execute(_INSERT_JOB, row)
+        _job_insert(tuple(row)).run(session, row)
         return str(row["id"])
 
     def job_row(self, staged: _Staged, *, idempotency_key: str, epochs: int) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from walkeep.db.engine import (
     Database,
+    Prepared,
     insert_rows,
     is_bad_data,
     is_outage,
@@ -12,6 +13,7 @@ from walkeep.db.engine import (
 
 __all__ = [
     "Database",
+    "Prepared",
     "insert_rows",
     "is_bad_data",
     "is_outage",

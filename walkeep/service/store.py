@@ -42,7 +42,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from walkeep import ids, ledger, nowait, pricing, usage
-from walkeep.db import rowcount
+from walkeep.db import Prepared, rowcount
 from walkeep.db.models import LedgerEntry, Memory, Request, WriteJob, table
 from walkeep.errors import (
     InsufficientBalance,
@@ -289,9 +289,9 @@ def _claim(
         if at_once and _claim_at_once(rt, request, memory, staged, now):
             return memory, _due_in(staged)
         with rt.db.begin() as sess:
-            sess.execute(_INSERT_REQUEST, request)
+            _INSERT_REQUEST.run(sess, request)
             _accept_in(rt, sess, memory, staged, 1)
-            sess.execute(_INSERT_MEMORY, _row(memory))
+            _INSERT_MEMORY.run(sess, _row(memory))
             # Last: this takes the account's row lock (PostgreSQL), held to commit.
             _reserve(rt, sess, account_id, memory_id, 1, size, cost_mc, now)
         return memory, _due_in(staged)
@@ -299,11 +299,6 @@ def _claim(
         if strict:
             raise
         return None  # the request id exists: replay
-
-
-# Built once: the claim runs on every store (see ledger.py on why that matters).
-_INSERT_REQUEST = insert(table(Request))
-_INSERT_MEMORY = insert(table(Memory))
 
 
 def _claim_at_once(
@@ -410,6 +405,11 @@ _MEMORY_COLUMNS = (
     "deadline_at",
     "status_changed_at",
 )
+
+# Built once: the claim runs on every store (see ledger.py on why that matters). On
+# SQLite they run on the raw cursor (walkeep.db.Prepared): the store is on the event loop.
+_INSERT_REQUEST = Prepared(insert(table(Request)), keys=_REQUEST_COLUMNS)
+_INSERT_MEMORY = Prepared(insert(table(Memory)), keys=_MEMORY_COLUMNS)
 
 
 def _reclaim_failed(
@@ -579,6 +579,7 @@ def _undo_claim(rt: Runtime, memory: Memory, attempt: int, reason: str) -> None:
 # held to commit and every store of the account queues for it, so the fewer statements
 # after it the better (one INSERT of the hold's ledger entry, then COMMIT).
 _RESERVE = ledger.hold_statement(where=usage.FITS, values=usage.COUNT)
+_RESERVE_PREPARED = Prepared(_RESERVE)
 
 
 def _reserve(
@@ -601,7 +602,7 @@ def _reserve(
     ref = hold_ref(memory_id, attempt)
     memo = f"store {memory_id}"
     if ledger.try_hold_new(
-        sess, account_id, cost_mc, ref=ref, memo=memo, stmt=_RESERVE, params=params
+        sess, account_id, cost_mc, ref=ref, memo=memo, stmt=_RESERVE_PREPARED, params=params
     ):
         return
     # Refused (or the row changed meanwhile): the one-check-at-a-time path names the
