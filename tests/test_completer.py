@@ -116,3 +116,23 @@ def test_completion_runs_at_background_priority() -> None:
     t.join()
     assert seen == [min(19, mine + completion.Completer.NICE)]
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
+
+
+def test_a_store_wakes_the_queue_thread_only_if_it_would_sleep_past_the_write(
+    rt: Runtime,
+) -> None:
+    """A packed write is due when its quilt window closes, which a thread sleeping until
+    then already plans to wake for: waking it per accept cost a lease and a next-due query
+    per store, on the requests' GIL (bench/store.py)."""
+    c = completion.Completer(rt)  # not started: we play its thread's part
+    assert c._queue_mode
+    with c._cv:
+        c._sleeping_until = time.monotonic() + 60  # asleep, looking again in a minute
+    c.submit("mem_due_in_2min", delay=120)
+    assert c.pending() == 0  # it looks before then anyway: not woken
+    c.submit("mem_due_in_5s", delay=5)
+    assert c.pending() == 1  # it would sleep past this one: woken
+    with c._cv:
+        c._sleeping_until = None  # busy, not sleeping: nothing tells when it looks next
+    c.submit("mem_due_in_2min_too", delay=120)
+    assert c.pending() == 2

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import StrEnum
+from typing import Any
 
 from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
@@ -176,14 +177,8 @@ def _register_batch(
     every member lands (captured, registered) or, if anything fails, none does."""
     now = rt.clock.now()
     with rt.db.begin() as s:
-        ids = [m.id for m, _ in landed]
-        states = {row.id: row for row in s.execute(_STATES, {"p_ids": ids})}
-        blobs: dict[str, int] = {}  # a quilt's blob row, found or made by its first member
         batch = _Batch.read(s, landed)
-        results = [
-            (m, _register_in(rt, s, m, st, now, state=states.get(m.id), blobs=blobs, batch=batch))
-            for m, st in landed
-        ]
+        results = [(m, _register_in(rt, s, m, st, now, batch=batch)) for m, st in landed]
         batch.write(s)
         # Captures last, together, one account at a time (in a fixed order): they take the
         # account's row lock (PostgreSQL), which is held to commit and which every store
@@ -207,35 +202,25 @@ def _register(rt: Runtime, memory: Memory, st: JobStatus) -> Outcome:
         return outcome
 
 
-_UNREAD = object()
-
-
 def _register_in(  # type: ignore[no-untyped-def]
-    rt: Runtime,
-    s,
-    memory: Memory,
-    st: JobStatus,
-    now,
-    *,
-    state=_UNREAD,
-    blobs: dict[str, int] | None = None,
-    batch: _Batch | None = None,
+    rt: Runtime, s, memory: Memory, st: JobStatus, now, *, batch: _Batch | None = None
 ) -> Outcome:
     """Register a landed write (or record an orphan if we gave up) in the caller's
     transaction. LANDED means the caller must also capture it, in the same one.
 
-    A batch passes the memory's ``state`` (read for the whole batch at once, None if it
-    is gone), ``blobs``, where a live quilt's blob row is remembered by object id so
-    its other members don't look it up again, and ``batch``, which gathers the updates
-    (written by the caller with ``batch.write``) and knows the kept copies."""
+    A ``batch`` (registering many at once) knows every member's state, the kept copies
+    and each live quilt's blob row once its first member found or made it, and gathers
+    the updates, which the caller writes with ``batch.write``."""
     assert st.blob is not None
     threshold = rt.settings.renew_threshold_epochs
-    if state is _UNREAD:
+    if batch is not None:
+        state = batch.states.get(memory.id)  # None: the memory is gone
+    else:
         state = s.execute(_STATE, {"p_memory": memory.id}).first()
     if state is None:
         return Outcome.SETTLED
     live = state.status == MemoryStatus.STORING and state.attempt == memory.attempt
-    cached = blobs.get(st.blob.blob_object_id) if blobs is not None and live else None
+    cached = batch.blobs.get(st.blob.blob_object_id) if batch is not None and live else None
     blob_pk = (
         cached
         if cached is not None
@@ -243,8 +228,8 @@ def _register_in(  # type: ignore[no-untyped-def]
             s, memory.account_id, st.blob, now, threshold, live=live, patch_count=st.patch_count
         )
     )
-    if blobs is not None and live and st.patch_count is not None:
-        blobs[st.blob.blob_object_id] = blob_pk
+    if batch is not None and live and st.patch_count is not None:
+        batch.blobs[st.blob.blob_object_id] = blob_pk
     if not live:
         # We already gave up on this attempt (deadline): the blob is an
         # orphan, never renewed; nothing is billed for it.
@@ -286,17 +271,23 @@ def _register_in(  # type: ignore[no-untyped-def]
 
 @dataclass
 class _Batch:
-    """What registering a batch gathers before writing it with one executemany each:
-    the landed memories' and their requests' updates, and the kept packed copies by
-    (account, content hash) — read for the whole batch at once, then extended as
-    members land, so a second identical member points at the first."""
+    """What registering a batch reads once and gathers before writing it with one
+    executemany each: every member's state (status, attempt, forgotten_at), the kept
+    packed copies by (account, content hash) — extended as members land, so a second
+    identical member points at the first —, each live quilt's blob row by object id
+    (found or made by its first member), and the landed memories' and their requests'
+    updates."""
 
+    states: dict[str, Any]
     kept: dict[tuple[str, str], tuple[int, str, int]]
+    blobs: dict[str, int] = field(default_factory=dict)
     landed: list[dict[str, object]] = field(default_factory=list)
     done: list[dict[str, object]] = field(default_factory=list)
 
     @classmethod
     def read(cls, s, landed: list[tuple[Memory, JobStatus]]) -> _Batch:  # type: ignore[no-untyped-def]
+        ids = [m.id for m, _ in landed]
+        states = {row.id: row for row in s.execute(_STATES, {"p_ids": ids})}
         hashes: dict[str, set[str]] = {}
         for m, st in landed:
             if st.patch_id is not None:
@@ -308,7 +299,7 @@ class _Batch:
                 kept.setdefault(
                     (account_id, row.content_hash), (row.blob_pk, row.blob_id, row.share_micro)
                 )
-        return cls(kept)
+        return cls(states, kept)
 
     def write(self, s) -> None:  # type: ignore[no-untyped-def]
         if self.landed:
