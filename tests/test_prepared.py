@@ -14,21 +14,10 @@ from walkeep import ledger
 from walkeep.db import Database, Prepared
 from walkeep.db.models import Memory, WriteJob, table
 from walkeep.service import accounts
+from walkeep.service.store import _MEMORY_COLUMNS
 
-_MEMORY_KEYS = (
-    "id",
-    "account_id",
-    "namespace",
-    "metadata",
-    "size_bytes",
-    "content_hash",
-    "status",
-    "cost_mc",
-    "job_id",
-    "accepted_at",
-    "deadline_at",
-    "status_changed_at",
-)
+# The columns a store's claim sets on a new memory.
+_MEMORY_KEYS = _MEMORY_COLUMNS
 
 
 def _memory_row(account_id: str, memory_id: str) -> dict[str, object]:
