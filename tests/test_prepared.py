@@ -31,6 +31,7 @@ def _memory_row(account_id: str, memory_id: str) -> dict[str, object]:
         "content_hash": "ab" * 32,
         "status": "storing",
         "cost_mc": 1234,
+        "attempt": 2,
         "job_id": None,
         "accepted_at": at,
         "deadline_at": at + timedelta(hours=1),
@@ -55,8 +56,7 @@ def test_prepared_rows_are_the_rows_session_execute_writes(db: Database) -> None
         }
         assert stored["mem_by_prepared"] == stored["mem_by_session"]
         assert s.get(Memory, "mem_by_prepared").metadata_ == {"topic": "café ☕", "empty": ""}  # type: ignore[union-attr]
-        # The attempt column's Python-side default (1) applied, as Core applies it.
-        assert s.scalar(select(Memory.attempt).where(Memory.id == "mem_by_prepared")) == 1
+        assert s.scalar(select(Memory.attempt).where(Memory.id == "mem_by_prepared")) == 2
 
 
 def test_prepared_keeps_sqlalchemys_integrity_error(db: Database) -> None:
