@@ -179,10 +179,15 @@ def _register_batch(
     with rt.db.begin() as s:
         batch = _Batch.read(s, landed)
         results = [(m, _register_in(rt, s, m, st, now, batch=batch)) for m, st in landed]
-        batch.write(s)
-        # Captures last, together, one account at a time (in a fixed order): they take the
+        if batch.landed:
+            s.execute(_LANDED, batch.landed)
+        # Captures late, together, one account at a time (in a fixed order): they take the
         # account's row lock (PostgreSQL), which is held to commit and which every store
-        # of the account waits for.
+        # of the account waits for. LOCK ORDER: accounts before requests, as in a store's
+        # claim, which locks the account and then inserts its request row. A replay's
+        # insert waits for the request row a registration is updating; had that
+        # registration updated it *before* taking the account lock the claim holds, the
+        # two would deadlock (seen: PostgreSQL aborted the replay, a 503).
         captures: dict[str, list[tuple[str, str]]] = {}
         for memory, outcome in results:
             if outcome == Outcome.LANDED:
@@ -191,26 +196,25 @@ def _register_batch(
                 )
         for account_id in sorted(captures):
             ledger.capture_holds(s, account_id, captures[account_id])
+        if batch.done:
+            s.execute(_REQUEST_DONE, batch.done)
     return results
 
 
 def _register(rt: Runtime, memory: Memory, st: JobStatus) -> Outcome:
     with rt.db.begin() as s:
-        outcome = _register_in(rt, s, memory, st, rt.clock.now())
-        if outcome == Outcome.LANDED:
-            _capture(s, memory)
-        return outcome
+        return _register_in(rt, s, memory, st, rt.clock.now())
 
 
 def _register_in(  # type: ignore[no-untyped-def]
     rt: Runtime, s, memory: Memory, st: JobStatus, now, *, batch: _Batch | None = None
 ) -> Outcome:
     """Register a landed write (or record an orphan if we gave up) in the caller's
-    transaction. LANDED means the caller must also capture it, in the same one.
+    transaction. Alone, a LANDED write is also captured here.
 
     A ``batch`` (registering many at once) knows every member's state, the kept copies
     and each live quilt's blob row once its first member found or made it, and gathers
-    the updates, which the caller writes with ``batch.write``."""
+    the updates; ``_register_batch`` writes them and captures, in its lock order."""
     assert st.blob is not None
     threshold = rt.settings.renew_threshold_epochs
     if batch is not None:
@@ -258,8 +262,9 @@ def _register_in(  # type: ignore[no-untyped-def]
         "p_now": now,
     }
     done = {"p_account": memory.account_id, "p_memory": memory.id, "p_now": now}
-    if batch is None:
+    if batch is None:  # one by one: captured here, in _register_batch's lock order
         s.execute(_LANDED, landed)
+        _capture(s, memory)
         s.execute(_REQUEST_DONE, done)
         return Outcome.LANDED
     batch.landed.append(landed)
@@ -300,11 +305,6 @@ class _Batch:
                     (account_id, row.content_hash), (row.blob_pk, row.blob_id, row.share_micro)
                 )
         return cls(states, kept)
-
-    def write(self, s) -> None:  # type: ignore[no-untyped-def]
-        if self.landed:
-            s.execute(_LANDED, self.landed)
-            s.execute(_REQUEST_DONE, self.done)
 
 
 def _capture(s, memory: Memory) -> None:  # type: ignore[no-untyped-def]
