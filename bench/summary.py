@@ -152,20 +152,24 @@ def seed(rt: Runtime, account_id: str, n: int, rng: random.Random, next_blob: in
     raw = rt.db.engine.raw_connection()
     try:
         cur = raw.cursor()
-        with cur.copy(  # type: ignore[attr-defined]
-            "COPY blobs (id, account_id, blob_id, blob_object_id, size_bytes, storage_size, "
-            "registered_epoch, end_epoch, status, kind, patch_count, created_at, updated_at) "
-            "FROM STDIN"
-        ) as cp:
-            for row in blobs:
-                cp.write_row(row)
-        with cur.copy(  # type: ignore[attr-defined]
-            "COPY memories (id, account_id, namespace, metadata, size_bytes, content_hash, "
-            "status, blob_pk, blob_id, cost_mc, accepted_at, deadline_at, status_changed_at) "
-            "FROM STDIN"
-        ) as cp:
-            for row in memories:
-                cp.write_row(row)
+        copies = (
+            (
+                "COPY blobs (id, account_id, blob_id, blob_object_id, size_bytes, storage_size, "
+                "registered_epoch, end_epoch, status, kind, patch_count, created_at, updated_at) "
+                "FROM STDIN",
+                blobs,
+            ),
+            (
+                "COPY memories (id, account_id, namespace, metadata, size_bytes, content_hash, "
+                "status, blob_pk, blob_id, cost_mc, accepted_at, deadline_at, status_changed_at) "
+                "FROM STDIN",
+                memories,
+            ),
+        )
+        for statement, rows in copies:
+            with cur.copy(statement) as cp:  # type: ignore[attr-defined]
+                for row in rows:
+                    cp.write_row(row)
         cur.execute("SELECT setval(pg_get_serial_sequence('blobs', 'id'), %s)", (next_blob,))
         raw.commit()
     finally:

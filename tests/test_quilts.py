@@ -7,7 +7,7 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import event, func, select, update
 
 from tests.helpers import account, epoch_seconds, land_all
 from walkeep import ledger, pricing
@@ -428,8 +428,6 @@ def test_a_dead_processs_leases_run_out_in_seconds_a_live_ones_do_not(rt: Runtim
 
 def _writes_in_order(rt: Runtime, run) -> list[str]:  # type: ignore[no-untyped-def]
     """The tables ``run()`` UPDATEs, in the order it sends them."""
-    from sqlalchemy import event
-
     seen: list[str] = []
 
     def note(_conn, _cursor, statement: str, *_args) -> None:  # type: ignore[no-untyped-def]
