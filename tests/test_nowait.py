@@ -1,5 +1,7 @@
-"""Stores tried on the event loop (walkeep/nowait.py): they never wait there, and a call
-that would have waited runs again on a worker thread — once, charged once."""
+"""Stores tried on the event loop (walkeep/nowait.py): they never wait there. A call that
+would have waited for this process's own write lock awaits its release and tries again on
+the loop; one that would have waited for anything else runs again on a worker thread.
+Either way it is admitted once, charged once."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import shutil
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -111,39 +113,113 @@ def test_store_may_run_inline_only_where_nothing_leaves_the_machine(rt) -> None:
     assert store.may_run_inline(rt) == rt.db.is_sqlite
 
 
-def test_a_store_that_would_wait_runs_on_a_thread_once_and_is_charged_once(
-    settings, clock: ManualClock, sqlite_db: Database
-) -> None:  # type: ignore[no-untyped-def]
-    """The write lock is taken: the store must neither block the event loop (the test's
-    own coroutine keeps running and releases the lock) nor be admitted twice (a rate
-    limit of one store leaves no token for a second charge)."""
+def test_the_write_lock_calls_back_once_it_is_free(sqlite_db: Database) -> None:
+    db = sqlite_db
+    calls: list[str] = []
+    db._call_when_free(lambda: calls.append("free"))  # free already: called at once
+    assert calls == ["free"]
+    with write_lock_held(db) as release:
+        db._call_when_free(lambda: calls.append("released"))
+        assert calls == ["free"]  # not while another thread holds it
+        release.set()
+    assert calls == ["free", "released"]
+    with db.begin():  # later releases call nobody: each callback runs once
+        pass
+    assert calls == ["free", "released"]
+
+
+@pytest.fixture
+def inline_rt(settings, clock: ManualClock, sqlite_db: Database):  # type: ignore[no-untyped-def]
+    """A runtime that runs stores inline, with a rate limit of one store: a second
+    admission of the same call would find no token."""
     settings.rate_limits = {"store": 1}
     rt = build_runtime(settings, clock=clock, database=sqlite_db, with_completer=False)
     assert store.may_run_inline(rt)
-    acct = accounts.create_account(rt.db, "inline", credits_mc=ledger.usd_to_mc("10"))
-    mcp = build_mcp(lambda: rt, transport="stdio", fixed_caller=Caller(acct.account_id))
+    assert rt.relayer.health().ok  # a fresh probe, as a running server has: not refused
+    return rt
+
+
+@pytest.fixture
+def thread_hops(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Names of the calls the MCP layer sends to a worker thread."""
+    hops: list[str] = []
+    real = anyio.to_thread.run_sync
+
+    async def counted(fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+        hops.append(getattr(getattr(fn, "func", fn), "__name__", repr(fn)))
+        return await real(fn, *args, **kwargs)
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", counted)
+    return hops
+
+
+async def _store_while(mcp, blocked: Callable[[], None], release: Callable[[], None]) -> object:  # type: ignore[no-untyped-def]
+    """Call store in a task; once every task is blocked (the loop is free), check
+    ``blocked`` and release the blocker; return the call's result."""
     results: list[object] = []
+    async with anyio.create_task_group() as tg:
 
-    async def go() -> None:
-        with write_lock_held(rt.db) as release:
-            async with anyio.create_task_group() as tg:
+        async def call() -> None:
+            results.append(
+                await mcp.call_tool("store", {"content": "a fact", "request_id": "req-inline-1"})
+            )
 
-                async def call() -> None:
-                    results.append(
-                        await mcp.call_tool(
-                            "store", {"content": "a fact", "request_id": "req-inline-1"}
-                        )
-                    )
-
-                tg.start_soon(call)
-                await anyio.wait_all_tasks_blocked()  # the call is parked, the loop is free
-                assert not results
-                release.set()
-        assert not release.timed_out  # type: ignore[attr-defined]
-
-    anyio.run(go)
+        tg.start_soon(call)
+        await anyio.wait_all_tasks_blocked()  # the call is parked, the loop is free
+        assert not results
+        blocked()
+        release()
     (result,) = results
+    return result
+
+
+def _assert_stored_and_charged_once(rt, result: object, account_id: str) -> None:  # type: ignore[no-untyped-def]
     assert not result.is_error, result  # type: ignore[attr-defined]
     assert result.structured_content["status"] == "storing"  # type: ignore[attr-defined]
-    tokens, _ = limiter(rt)._buckets[(acct.account_id, "store")]
+    tokens, _ = limiter(rt)._buckets[(account_id, "store")]
     assert tokens == 0.0
+
+
+def test_a_store_refused_this_process_lock_awaits_it_on_the_loop(
+    inline_rt, thread_hops: list[str]
+) -> None:  # type: ignore[no-untyped-def]
+    """Another thread of this process holds the write lock: the store parks without
+    blocking the loop (the test's own coroutine releases the lock) and, once released,
+    runs on the loop — not on a worker thread, where it used to hold the lock next,
+    slowly, and push the stores behind it onto threads too."""
+    rt = inline_rt
+    acct = accounts.create_account(rt.db, "inline", credits_mc=ledger.usd_to_mc("10"))
+    mcp = build_mcp(lambda: rt, transport="stdio", fixed_caller=Caller(acct.account_id))
+
+    async def go() -> object:
+        with write_lock_held(rt.db) as release:
+            return await _store_while(mcp, lambda: None, release.set)
+
+    result = anyio.run(go)
+    _assert_stored_and_charged_once(rt, result, acct.account_id)
+    assert thread_hops == []
+
+
+def test_a_store_refused_another_process_lock_runs_on_a_thread_once(
+    inline_rt, thread_hops: list[str]
+) -> None:  # type: ignore[no-untyped-def]
+    """Another process holds the database file: nothing says when it lets go, so the
+    store runs again on a worker thread, which waits in SQLite's busy handler."""
+    rt = inline_rt
+    acct = accounts.create_account(rt.db, "inline", credits_mc=ledger.usd_to_mc("10"))
+    mcp = build_mcp(lambda: rt, transport="stdio", fixed_caller=Caller(acct.account_id))
+    assert rt.db.sqlite_path is not None
+    other = sqlite3.connect(rt.db.sqlite_path, isolation_level=None, check_same_thread=False)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # what another walkeep process would hold
+
+        def on_a_thread() -> None:
+            assert thread_hops == ["store"]
+
+        def let_go() -> None:
+            other.execute("ROLLBACK")
+
+        result = anyio.run(_store_while, mcp, on_a_thread, let_go)
+    finally:
+        other.close()
+    _assert_stored_and_charged_once(rt, result, acct.account_id)

@@ -12,6 +12,7 @@ from sqlalchemy import event, func, select, update
 from tests.helpers import account, epoch_seconds, land_all
 from walkeep import ledger, pricing
 from walkeep.db.models import Blob, LedgerEntry, Memory, WriteJob
+from walkeep.index.embedder import HashEmbedder
 from walkeep.lifecycle import MemoryStatus
 from walkeep.quilt import decode_patch_id
 from walkeep.service import completion, export, forget, recall, renew, runway, store
@@ -301,6 +302,9 @@ def test_compaction_moves_live_members_exactly_once(rt: Runtime, clock) -> None:
     # quilt that is mostly forgotten bytes (pricing: units × epochs either way).
     s = rt.settings
     s.initial_epochs, s.renew_threshold_epochs, s.target_runway_epochs = 2, 1, 20
+    # 1.7 MB of text is ~1,800 chunks: minutes of MiniLM on a slow core, for a test about
+    # compaction, not ranking. The hashed embedder indexes it in a second.
+    rt.relayer.index.embedder = HashEmbedder()  # type: ignore[attr-defined]
     a = account(rt, credits=1000)
     ids_ = [_store(rt, a, f"{i} " + "big memory " * 20_000, f"big{i}") for i in range(8)]
     land_all(rt)

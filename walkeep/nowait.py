@@ -13,6 +13,13 @@ process's), a stale health probe, a retry pause — calls :func:`refuse` first, 
 raises :class:`WouldWait` there instead of waiting. The caller then runs the same call
 again from the start on a worker thread, where waiting is harmless.
 
+Except where the blocker says when it is gone (``WouldWait.on_free``): this process's
+write lock, held by one of its own threads for one transaction. Sending the call to a
+thread then was a trap: that thread held the lock next, slowly, sharing the GIL with
+the loop, so the calls behind it were refused too and went to threads as well — 1,529
+of 2,400 stores in one burst (bench/store.py). An event-loop caller instead awaits the
+release and tries again on the loop.
+
 That retry is only safe because :func:`refuse` is called *before* anything that
 matters is written: a call may have done harmless work (encrypted the content,
 created the account's data key in its own transaction) but never half of its own
@@ -21,7 +28,7 @@ transaction.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
@@ -30,7 +37,14 @@ _ACTIVE: ContextVar[bool] = ContextVar("walkeep_no_wait", default=False)
 
 class WouldWait(Exception):
     """Raised inside :func:`no_wait` where the call would otherwise block; run it on a
-    thread instead. Never reaches a client."""
+    thread instead, or, if ``on_free`` is set, pass it a callback (called once, from any
+    thread, when the blocker is gone) and try again then. Never reaches a client."""
+
+    def __init__(
+        self, what: str, on_free: Callable[[Callable[[], None]], None] | None = None
+    ) -> None:
+        super().__init__(what)
+        self.on_free = on_free
 
 
 @contextmanager
@@ -47,8 +61,8 @@ def active() -> bool:
     return _ACTIVE.get()
 
 
-def refuse(what: str) -> None:
+def refuse(what: str, on_free: Callable[[Callable[[], None]], None] | None = None) -> None:
     """Say that the caller is about to wait for ``what``: raises WouldWait inside
     :func:`no_wait`, returns otherwise."""
     if _ACTIVE.get():
-        raise WouldWait(what)
+        raise WouldWait(what, on_free)

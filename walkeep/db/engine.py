@@ -15,7 +15,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -175,6 +175,9 @@ class Database:
         self.engine = make_engine(url, **engine_kwargs)
         self.dialect = self.engine.dialect.name
         self._write_lock = threading.RLock() if self.dialect == "sqlite" else None
+        # Callbacks of no-wait callers refused the write lock (see ``_call_when_free``).
+        self._free_waiters: list[Callable[[], None]] = []
+        self._free_guard = threading.Lock()
         # session.info["clock"] lets code deep in a transaction ask for "now".
         self._write = sessionmaker(self.engine, expire_on_commit=False, info={"clock": self.clock})
         self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
@@ -212,12 +215,31 @@ class Database:
         # busy timeout.) Re-entrant so a nested writer fails the same way it
         # would without the mutex instead of hanging.
         if not self._write_lock.acquire(blocking=not nowait.active()):
-            nowait.refuse("this process's SQLite write lock")
+            nowait.refuse("this process's SQLite write lock", self._call_when_free)
         try:
             with self._write() as session, session.begin():
                 yield session
         finally:
             self._write_lock.release()
+            if self._free_waiters:
+                self._wake_free_waiters()
+
+    def _call_when_free(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once this process's write lock is free: now, if it already
+        is, else from the thread that releases it. Registering before looking closes the
+        gap: a release after the look sees the waiter, one before it is seen by the look."""
+        assert self._write_lock is not None
+        with self._free_guard:
+            self._free_waiters.append(callback)
+        if self._write_lock.acquire(blocking=False):
+            self._write_lock.release()
+            self._wake_free_waiters()
+
+    def _wake_free_waiters(self) -> None:
+        with self._free_guard:
+            waiters, self._free_waiters = self._free_waiters, []
+        for callback in waiters:
+            callback()
 
     @contextmanager
     def autocommit(self) -> Iterator[Connection]:

@@ -13,6 +13,7 @@ crashes alike — and every published outputSchema admits that envelope
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import json
 import logging
@@ -156,6 +157,30 @@ def _summary(data: dict[str, Any], size: int) -> str:
     )
 
 
+INLINE_WAIT_SECONDS = 1.0
+"""How long an inline call awaits a write lock this process's own threads hold before it
+runs on a thread instead: longer than any one transaction takes, short enough that a
+stuck holder costs a caller one second, not its timeout."""
+
+
+async def _until_free(on_free: Callable[[Callable[[], None]], None], timeout: float) -> None:
+    """Await, without blocking the event loop, ``on_free``'s callback (from any thread)
+    or ``timeout`` seconds, whichever comes first."""
+    loop = asyncio.get_running_loop()
+    freed: asyncio.Future[None] = loop.create_future()
+
+    def resolve() -> None:
+        if not freed.done():
+            freed.set_result(None)
+
+    def wake() -> None:  # from whichever thread frees the blocker
+        loop.call_soon_threadsafe(resolve)
+
+    on_free(wake)
+    with anyio.move_on_after(timeout):
+        await freed
+
+
 def _ok(model: BaseModel) -> CallToolResult:
     data = model.model_dump(mode="json")
     text = json.dumps(data)
@@ -277,11 +302,17 @@ def build_mcp(
             charge_call(rt, c.account_id, tool)
             call = partial(fn, rt, c.account_id, *args, **kwargs)
             if inline is not None and inline(rt):
-                try:
-                    with no_wait():
-                        return _ok(call())
-                except WouldWait as exc:
-                    log.debug("%s: runs on a thread: it would wait for %s", tool, exc)
+                give_up = time.monotonic() + INLINE_WAIT_SECONDS
+                while True:
+                    try:
+                        with no_wait():
+                            return _ok(call())
+                    except WouldWait as exc:
+                        left = give_up - time.monotonic()
+                        if exc.on_free is None or left <= 0:
+                            log.debug("%s: runs on a thread: it would wait for %s", tool, exc)
+                            break
+                        await _until_free(exc.on_free, left)
             return _ok(await anyio.to_thread.run_sync(call))
         except WalkeepError as exc:
             return error_result(exc)

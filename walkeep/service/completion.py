@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -646,7 +646,11 @@ class Completer:
             self._cv.notify()
 
     def _run_queue(self) -> None:
-        """Self-run relayer: the work queue lives in ``write_jobs``; take what is due."""
+        """Self-run relayer: the work queue lives in ``write_jobs``; take what is due.
+
+        Database queries happen outside ``_cv``: a store's ``submit`` takes it on the
+        event loop, which must not wait for this thread's query (py-spy showed the loop
+        waiting there during bursts)."""
         while True:
             with self._cv:
                 if self._stop:
@@ -672,20 +676,27 @@ class Completer:
                     # store, on the same GIL as the requests (bench/store.py).
                     self._sleep(self.GATHER_SECONDS)
                     continue
-                # Nothing due (or a failure): sleep until the next write is due,
-                # or a new one arrives; after a failure, back off first.
-                wait = self.MAX_DELAY if crashed else self.max_sleep
-                if not crashed:
-                    if self._kicks:
-                        continue
-                    try:
-                        nxt = self.rt.relayer.next_due()  # type: ignore[attr-defined]
-                        if nxt is not None:
-                            wait = min(wait, max(0.0, (nxt - self.rt.clock.now()).total_seconds()))
-                    except Exception:
-                        log.exception("next_due failed")
+                if self._kicks and not crashed:
+                    continue
+            # Nothing due (or a failure): sleep until the next write is due, or a new
+            # one arrives; after a failure, back off first.
+            wait = self.MAX_DELAY if crashed else self.max_sleep
+            if not crashed:
+                nxt = self._next_due()
+                if nxt is not None:
+                    wait = min(wait, max(0.0, (nxt - self.rt.clock.now()).total_seconds()))
+            with self._cv:
+                if self._stop or (self._kicks and not crashed):
+                    continue  # a store arrived while we looked: submit() counted it
                 if wait > 0:
                     self._sleep(wait)
+
+    def _next_due(self) -> datetime | None:
+        try:
+            return self.rt.relayer.next_due()  # type: ignore[attr-defined, no-any-return]
+        except Exception:
+            log.exception("next_due failed")
+            return None
 
     def _sleep(self, seconds: float) -> None:
         """Wait on the condition (held) for ``seconds`` or a kick, saying until when."""
