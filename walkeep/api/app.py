@@ -39,6 +39,7 @@ from walkeep.api.middleware import (
 from walkeep.api.rest import router as rest_router
 from walkeep.config import Settings
 from walkeep.db import is_bad_data, is_outage
+from walkeep.db.checkpoint import WalCheckpointer
 from walkeep.db.models import Memory
 from walkeep.errors import (
     Internal,
@@ -100,8 +101,13 @@ def create_app(
         max_request_body_size=limits.for_path("/mcp"),
     )
 
+    # SQLite: checkpoint the WAL on a thread of its own, not in a request's commit.
+    checkpointer = WalCheckpointer(rt.db) if rt.db.sqlite_path is not None else None
+
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        if checkpointer is not None:
+            checkpointer.start()
         if rt.completer is not None:
             rt.completer.start()
         if on_start is not None:
@@ -114,6 +120,8 @@ def create_app(
                     await anyio.to_thread.run_sync(on_stop)
                 if rt.completer is not None:
                     await anyio.to_thread.run_sync(rt.completer.stop)
+                if checkpointer is not None:
+                    await anyio.to_thread.run_sync(checkpointer.stop)
 
     app = WalkeepApp(
         title="Walkeep",

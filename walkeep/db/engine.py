@@ -43,6 +43,9 @@ from walkeep.clock import Clock, SystemClock
 from walkeep.errors import ConfigurationError
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+# SQLite checkpoints the WAL itself (in the committing connection) past this many pages:
+# a backstop, since the server checkpoints in the background long before (checkpoint.py).
+AUTOCHECKPOINT_PAGES = 10_000
 
 
 def _sqlite_on_connect(dbapi_conn: sqlite3.Connection, _record: Any) -> None:
@@ -53,6 +56,7 @@ def _sqlite_on_connect(dbapi_conn: sqlite3.Connection, _record: Any) -> None:
     cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute(f"PRAGMA wal_autocheckpoint={AUTOCHECKPOINT_PAGES}")
     cur.close()
 
 

@@ -1,0 +1,77 @@
+"""SQLite WAL checkpoints happen on the server's own thread, not in a request's commit
+(walkeep/db/checkpoint.py)."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+from starlette.testclient import TestClient
+
+from walkeep.api.app import create_app
+from walkeep.bootstrap import build_runtime
+from walkeep.clock import ManualClock
+from walkeep.db import Database
+from walkeep.db.checkpoint import WalCheckpointer
+from walkeep.db.engine import AUTOCHECKPOINT_PAGES
+
+
+@pytest.fixture
+def sqlite_db(_sqlite_template: Path, tmp_path: Path, clock: ManualClock) -> Iterator[Database]:
+    """A SQLite database even in the PostgreSQL run: these tests are about its WAL."""
+    path = tmp_path / "walkeep.db"
+    shutil.copyfile(_sqlite_template, path)
+    database = Database(f"sqlite:///{path}", clock=clock)
+    yield database
+    database.dispose()
+
+
+def _write_pages(db: Database, pages: int) -> None:
+    """About ``pages`` WAL frames: one 4 KiB row per page, ten rows per commit."""
+    with db.begin() as s:
+        s.execute(text("CREATE TABLE IF NOT EXISTS filler (x BLOB)"))
+    for _ in range(pages // 10):
+        with db.begin() as s:
+            s.execute(
+                text("INSERT INTO filler (x) VALUES " + ",".join(["(randomblob(4000))"] * 10))
+            )
+
+
+def test_a_commit_past_sqlites_default_threshold_does_not_checkpoint(sqlite_db: Database) -> None:
+    db = sqlite_db
+    with db.read() as s:
+        assert s.execute(text("PRAGMA wal_autocheckpoint")).scalar() == AUTOCHECKPOINT_PAGES
+    _write_pages(db, 1500)  # SQLite's default would have checkpointed at 1,000 pages
+    busy, log_frames, moved = WalCheckpointer(db).checkpoint()
+    # Every frame written is still in the log: no commit copied it back on its own.
+    assert busy == 0 and log_frames >= 1500
+    assert moved == log_frames  # and the background pass moved all of them
+
+
+def test_a_checkpoint_lets_the_log_start_over(sqlite_db: Database) -> None:
+    db = sqlite_db
+    checkpointer = WalCheckpointer(db)
+    _write_pages(db, 200)
+    assert checkpointer.checkpoint()[1] >= 200
+    _write_pages(db, 20)  # the next writer reuses the log from the start
+    busy, log_frames, moved = checkpointer.checkpoint()
+    assert busy == 0 and log_frames < 200 and moved == log_frames
+
+
+def test_the_server_checkpoints_on_its_own_thread_while_it_runs(
+    settings, clock: ManualClock, sqlite_db: Database
+) -> None:  # type: ignore[no-untyped-def]
+    rt = build_runtime(settings, clock=clock, database=sqlite_db, with_completer=False)
+
+    def running() -> bool:
+        return any(t.name == "walkeep-checkpoint" for t in threading.enumerate())
+
+    assert not running()
+    with TestClient(create_app(rt)) as client:
+        assert client.get("/healthz").status_code == 200
+        assert running()
+    assert not running()
