@@ -16,6 +16,7 @@ from walkeep.config import Settings
 from walkeep.db import Database
 from walkeep.errors import ConfigurationError
 from walkeep.payments.base import Payments
+from walkeep.pressure import Pressure
 from walkeep.service.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -156,6 +157,7 @@ def build_runtime(
             "configuration refused:\n  " + "\n  ".join(str(x) for x in problems)
         )
     clock = clock or SystemClock()
+    pressure = Pressure()
     db = database or Database(settings.db_url, clock=clock)
     extras: dict[str, object] = {}
     chain: Chain
@@ -188,7 +190,7 @@ def build_runtime(
     if settings.relayer in ("local", "walrus"):
         from walkeep.backends.self_relayer import SelfRelayer
         from walkeep.crypto import Keyring, load_master_key
-        from walkeep.index.embedder import load_embedder
+        from walkeep.index.embedder import MiniLMEmbedder, load_embedder
         from walkeep.index.vectors import VectorIndex
 
         store: BlobStore
@@ -204,6 +206,8 @@ def build_runtime(
                 publisher or "", aggregator or "", jwt=settings.walrus_publisher_jwt
             )
         embedder = load_embedder(settings)
+        if isinstance(embedder, MiniLMEmbedder):  # the only one worth pausing
+            embedder.between_batches = pressure.step_aside
         extras["embedder"] = embedder
         relayer = SelfRelayer(
             db,
@@ -248,6 +252,7 @@ def build_runtime(
         chain=chain,
         relayer=relayer,
         payments=payments,
+        pressure=pressure,
         extras=extras,
     )
     if with_completer:

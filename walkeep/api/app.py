@@ -51,6 +51,7 @@ from walkeep.errors import (
 )
 from walkeep.lifecycle import MemoryStatus
 from walkeep.mcp.server import build_mcp
+from walkeep.pressure import Pressure
 from walkeep.service.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -150,6 +151,7 @@ def create_app(
     app.add_middleware(BodyLimit, limits=limits)
     app.add_middleware(RequestLog)
     app.mcp_calls = RequestLog(BodyLimit(mcp_endpoint, limits=limits))
+    app.pressure = rt.pressure
     return app
 
 
@@ -166,8 +168,21 @@ class WalkeepApp(FastAPI):
     """
 
     mcp_calls: ASGIApp | None = None
+    # Every HTTP request is counted in flight here, so that background work can step
+    # aside during a burst (walkeep/pressure.py).
+    pressure: Pressure | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.pressure is None:
+            await self._route(scope, receive, send)
+            return
+        self.pressure.enter()
+        try:
+            await self._route(scope, receive, send)
+        finally:
+            self.pressure.leave()
+
+    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
             self.mcp_calls is not None
             and scope["type"] == "http"

@@ -20,7 +20,7 @@ import logging
 import math
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -175,6 +175,10 @@ class MiniLMEmbedder:
 
     model_id: str = MINILM_MODEL_ID
     dim: int = MINILM_DIM
+    # Called between batches of one ``embed`` call (never before the first): where
+    # background embedding steps aside for requests (walkeep/pressure.py). A query is
+    # one batch, so recall never waits here.
+    between_batches: Callable[[], None] | None = None
 
     def load(self) -> None:
         """Load the model now (otherwise it loads on first use)."""
@@ -199,6 +203,8 @@ class MiniLMEmbedder:
         order = np.argsort(lengths, kind="stable")
         start = 0
         while start < n:
+            if start and self.between_batches is not None:
+                self.between_batches()
             end = start + 1
             while (
                 end < n

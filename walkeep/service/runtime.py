@@ -15,6 +15,7 @@ from walkeep.clock import Clock
 from walkeep.config import Settings
 from walkeep.db import Database
 from walkeep.payments.base import Payments
+from walkeep.pressure import Pressure
 
 if TYPE_CHECKING:
     from walkeep.service.completion import Completer
@@ -29,5 +30,7 @@ class Runtime:
     relayer: Relayer
     payments: Payments
     completer: Completer | None = None
+    # Requests in flight in this process; background work steps aside for a burst.
+    pressure: Pressure = field(default_factory=Pressure)
     # Anything a component wants to keep per process (caches, test hooks).
     extras: dict[str, Any] = field(default_factory=dict)
