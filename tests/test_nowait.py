@@ -15,7 +15,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 from walkeep import ledger, nowait
 from walkeep.bootstrap import build_runtime
@@ -97,6 +97,31 @@ def test_no_wait_refuses_another_process_lock_without_the_busy_timeout(
             assert s.execute(text("PRAGMA busy_timeout")).scalar() == SQLITE_BUSY_TIMEOUT_MS
     finally:
         other.close()
+        one.dispose()
+
+
+def test_a_connection_switches_its_busy_timeout_only_when_the_caller_changes(
+    sqlite_db: Database,
+) -> None:
+    one = Database(sqlite_db.url, pool_size=1, max_overflow=0)  # every begin: one connection
+    pragmas: list[str] = []
+
+    def seen(_conn, _cursor, statement, *_args) -> None:  # type: ignore[no-untyped-def]
+        if statement.startswith("PRAGMA busy_timeout="):  # a switch, not a question
+            pragmas.append(statement)
+
+    event.listen(one.engine, "before_cursor_execute", seen)
+    try:
+        for _ in range(3):  # the event loop's stores, back to back
+            with nowait.no_wait(), one.begin() as s:
+                s.execute(text("SELECT 1"))
+        assert pragmas == ["PRAGMA busy_timeout=0"]  # once, not twice per store
+        with one.read() as s:  # then a thread's read: waits normally again
+            assert s.execute(text("PRAGMA busy_timeout")).scalar() == SQLITE_BUSY_TIMEOUT_MS
+        with one.begin() as s:
+            assert s.execute(text("PRAGMA busy_timeout")).scalar() == SQLITE_BUSY_TIMEOUT_MS
+        assert pragmas[1:] == [f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}"]
+    finally:
         one.dispose()
 
 

@@ -61,22 +61,32 @@ def _sqlite_on_connect(dbapi_conn: sqlite3.Connection, _record: Any) -> None:
 
 
 def _sqlite_on_begin(conn: Any) -> None:
+    # A caller that promised not to wait (walkeep/nowait.py) must not sit in SQLite's
+    # busy handler while another process holds the write lock: it asks once, with a
+    # busy timeout of 0. Each connection keeps the timeout it was last given and is
+    # switched only when the next caller wants the other one, so the common case (the
+    # event loop's stores, back to back) sends no PRAGMA at all; they were two per store.
+    no_wait = nowait.active()
+    _busy_timeout(conn, 0 if no_wait else SQLITE_BUSY_TIMEOUT_MS)
     if conn.get_execution_options().get("walkeep_readonly"):
         conn.exec_driver_sql("BEGIN")
-    elif nowait.active():
-        # Another process holding the write lock would keep us in SQLite's busy handler
-        # (up to the busy timeout) on a thread that promised not to wait: ask once.
-        conn.exec_driver_sql("PRAGMA busy_timeout=0")
+    elif no_wait:
         try:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
         except OperationalError as exc:
             if "locked" not in str(exc.orig) and "busy" not in str(exc.orig):
                 raise
             raise nowait.WouldWait("another process holds the SQLite write lock") from exc
-        finally:
-            conn.exec_driver_sql(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
     else:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _busy_timeout(conn: Any, ms: int) -> None:
+    """Give this pooled connection SQLite's busy timeout ``ms``, unless it has it."""
+    info = conn.connection.info  # lives as long as the DBAPI connection, across checkouts
+    if info.get("walkeep_busy_timeout_ms", SQLITE_BUSY_TIMEOUT_MS) != ms:
+        conn.exec_driver_sql(f"PRAGMA busy_timeout={ms}")
+        info["walkeep_busy_timeout_ms"] = ms
 
 
 # A PostgreSQL connection back in the pool for less than this is taken to be alive; one
