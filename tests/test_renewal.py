@@ -449,3 +449,35 @@ def test_one_renewal_pass_per_wallet_where_the_chain_requires_it(
         other.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
         other.commit()
     assert renew.renew(rt).transactions == 1
+
+
+def test_a_sweep_locks_lapsing_memories_before_their_accounts(rt: Runtime, clock) -> None:  # type: ignore[no-untyped-def]
+    """Registration updates memories (and, by trigger, the account's memory_counts row)
+    before it captures on the account row; renewal pauses before it holds. A sweep must
+    take the same order, or a sweep and a registration for one account can deadlock on
+    PostgreSQL. It used to release the account's bytes first."""
+    from sqlalchemy import event
+
+    from walkeep.service import forget
+
+    a = account(rt, credits=10)
+    mid = _store(rt, a, "lapses unrenewed", "r1")
+    forget.forget(rt, a, memory_id=mid, request_id="f1")  # still counts until it lapses
+    _advance_epochs(rt, clock, 5)  # past end_epoch: lapsed
+    updated: list[str] = []
+
+    def note(_conn, _cursor, statement: str, *_args) -> None:  # type: ignore[no-untyped-def]
+        words = statement.split()
+        if words[:1] == ["UPDATE"]:
+            updated.append(words[1])
+
+    event.listen(rt.db.engine, "before_cursor_execute", note)
+    try:
+        report = renew.sweep(rt)
+    finally:
+        event.remove(rt.db.engine, "before_cursor_execute", note)
+    assert report.expired_memories == 1
+    assert "memories" in updated and "accounts" in updated, updated
+    assert updated.index("memories") < updated.index("accounts"), updated
+    with rt.db.read() as s:  # and the bytes were released all the same
+        assert s.scalar(select(Account.usage_bytes).where(Account.id == a)) == 0

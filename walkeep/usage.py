@@ -122,15 +122,23 @@ def release(session: Session, account_id: str, size: int) -> None:
     )
 
 
-def release_many(session: Session, memory_filter: list) -> None:  # type: ignore[type-arg]
-    """Release the bytes of the memories matching ``memory_filter`` (before they change state)."""
+def kept_bytes(session: Session, memory_filter: list) -> list[tuple[str, int]]:  # type: ignore[type-arg]
+    """What the memories matching ``memory_filter`` count against their accounts, per
+    account in id order: read before they change state, released (``release_each``)
+    after, so that the memories' rows (and the per-account counters their trigger
+    updates) are locked before the accounts', the order registration takes."""
     rows = session.execute(
         select(Memory.account_id, func.sum(Memory.size_bytes))
         .where(*memory_filter, Memory.status.not_in(list(NOT_KEPT)))
         .group_by(Memory.account_id)
+        .order_by(Memory.account_id)
     ).all()
-    for account_id, total in rows:
-        release(session, account_id, int(total or 0))
+    return [(account_id, int(total or 0)) for account_id, total in rows]
+
+
+def release_each(session: Session, freed: list[tuple[str, int]]) -> None:
+    for account_id, size in freed:
+        release(session, account_id, size)
 
 
 def recount(session: Session, account_id: str) -> int:

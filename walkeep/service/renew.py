@@ -845,7 +845,7 @@ def sweep(rt: Runtime) -> SweepReport:
         lapsed_ids = list(s.scalars(lapsed))
         if lapsed_ids:
             kept = [MemoryStatus.ACTIVE, MemoryStatus.PAUSED, MemoryStatus.NO_RENEW]
-            usage.release_many(s, [Memory.blob_pk.in_(lapsed_ids), Memory.status.in_(kept)])
+            freed = usage.kept_bytes(s, [Memory.blob_pk.in_(lapsed_ids), Memory.status.in_(kept)])
             res = s.execute(
                 update(Memory)
                 .where(
@@ -857,6 +857,10 @@ def sweep(rt: Runtime) -> SweepReport:
                 .values(status=MemoryStatus.EXPIRED, status_changed_at=now)
             )
             report.expired_memories = rowcount(res)
+            # After the memories: their counters (memory_counts, by trigger) are locked
+            # before the accounts, as registration and renewal lock them. The other way
+            # round, a sweep and a registration for one account could deadlock.
+            usage.release_each(s, freed)
             s.execute(
                 update(Blob)
                 .where(Blob.id.in_(lapsed_ids))
