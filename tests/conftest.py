@@ -115,6 +115,17 @@ def _sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture
+def sqlite_db(_sqlite_template: Path, tmp_path: Path, clock: ManualClock) -> Iterator[Database]:
+    """A migrated SQLite database even in the PostgreSQL run: for tests about SQLite's
+    own locks and log."""
+    path = tmp_path / "walkeep.db"
+    shutil.copyfile(_sqlite_template, path)
+    database = Database(f"sqlite:///{path}", clock=clock)
+    yield database
+    database.dispose()
+
+
 def _truncate_all(url: str) -> None:
     engine = create_engine(url)
     names = ", ".join(f'"{t.name}"' for t in Base.metadata.sorted_tables)

@@ -46,3 +46,22 @@ def console_sign_in(http, credential: str) -> None:  # type: ignore[no-untyped-d
     )
     assert done.status_code == 303, done.text
     http.cookies.set(COOKIE, done.cookies[COOKIE])
+
+
+def writes_in_order(rt: Runtime, run) -> list[str]:  # type: ignore[no-untyped-def]
+    """The tables ``run()`` UPDATEs, in the order it sends them: for lock-order tests."""
+    from sqlalchemy import event
+
+    seen: list[str] = []
+
+    def note(_conn, _cursor, statement: str, *_args) -> None:  # type: ignore[no-untyped-def]
+        words = statement.split()
+        if words[:1] == ["UPDATE"]:
+            seen.append(words[1])
+
+    event.listen(rt.db.engine, "before_cursor_execute", note)
+    try:
+        run()
+    finally:
+        event.remove(rt.db.engine, "before_cursor_execute", note)
+    return seen

@@ -3,12 +3,8 @@
 
 from __future__ import annotations
 
-import shutil
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
 from sqlalchemy import text
 from starlette.testclient import TestClient
 
@@ -18,16 +14,6 @@ from walkeep.clock import ManualClock
 from walkeep.db import Database
 from walkeep.db.checkpoint import WalCheckpointer
 from walkeep.db.engine import AUTOCHECKPOINT_PAGES
-
-
-@pytest.fixture
-def sqlite_db(_sqlite_template: Path, tmp_path: Path, clock: ManualClock) -> Iterator[Database]:
-    """A SQLite database even in the PostgreSQL run: these tests are about its WAL."""
-    path = tmp_path / "walkeep.db"
-    shutil.copyfile(_sqlite_template, path)
-    database = Database(f"sqlite:///{path}", clock=clock)
-    yield database
-    database.dispose()
 
 
 def _write_pages(db: Database, pages: int) -> None:

@@ -5,13 +5,11 @@ Either way it is admitted once, charged once."""
 
 from __future__ import annotations
 
-import shutil
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import anyio
 import pytest
@@ -25,16 +23,6 @@ from walkeep.db.engine import SQLITE_BUSY_TIMEOUT_MS
 from walkeep.mcp.server import Caller, build_mcp
 from walkeep.service import accounts, store
 from walkeep.service.ratelimit import limiter
-
-
-@pytest.fixture
-def sqlite_db(_sqlite_template: Path, tmp_path: Path, clock: ManualClock) -> Iterator[Database]:
-    """These tests are about SQLite's locks: a SQLite database even in the PostgreSQL run."""
-    path = tmp_path / "walkeep.db"
-    shutil.copyfile(_sqlite_template, path)
-    database = Database(f"sqlite:///{path}", clock=clock)
-    yield database
-    database.dispose()
 
 
 @contextmanager

@@ -7,9 +7,9 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import event, func, select, update
+from sqlalchemy import func, select, update
 
-from tests.helpers import account, epoch_seconds, land_all
+from tests.helpers import account, epoch_seconds, land_all, writes_in_order
 from walkeep import ledger, pricing
 from walkeep.db.models import Blob, LedgerEntry, Memory, WriteJob
 from walkeep.index.embedder import HashEmbedder
@@ -430,23 +430,6 @@ def test_a_dead_processs_leases_run_out_in_seconds_a_live_ones_do_not(rt: Runtim
     assert land_all(rt).landed == 1
 
 
-def _writes_in_order(rt: Runtime, run) -> list[str]:  # type: ignore[no-untyped-def]
-    """The tables ``run()`` UPDATEs, in the order it sends them."""
-    seen: list[str] = []
-
-    def note(_conn, _cursor, statement: str, *_args) -> None:  # type: ignore[no-untyped-def]
-        words = statement.split()
-        if words[:1] == ["UPDATE"]:
-            seen.append(words[1])
-
-    event.listen(rt.db.engine, "before_cursor_execute", note)
-    try:
-        run()
-    finally:
-        event.remove(rt.db.engine, "before_cursor_execute", note)
-    return seen
-
-
 def test_registration_locks_the_account_before_the_request_rows(rt: Runtime, clock) -> None:  # type: ignore[no-untyped-def]
     """A store's claim locks the account, then inserts its request row; a replay's insert
     waits for a request row being updated. Registration must take the same order
@@ -456,7 +439,7 @@ def test_registration_locks_the_account_before_the_request_rows(rt: Runtime, clo
     _store(rt, a, "one of a pair", "p1")
     _store(rt, a, "two of a pair", "p2")
     clock.advance(5)
-    batched = _writes_in_order(rt, lambda: land_all(rt))
+    batched = writes_in_order(rt, lambda: land_all(rt))
     assert "accounts" in batched and "requests" in batched, batched
     assert max(i for i, t in enumerate(batched) if t == "accounts") < batched.index("requests")
 
@@ -466,5 +449,5 @@ def test_registration_locks_the_account_before_the_request_rows(rt: Runtime, clo
     (memory,) = _memories(rt, alone)
     rt.relayer.work_due()  # type: ignore[attr-defined]  # lands the write, unregistered
     landed = rt.relayer.poll(memory.job_id)
-    one = _writes_in_order(rt, lambda: completion._register(rt, memory, landed))
+    one = writes_in_order(rt, lambda: completion._register(rt, memory, landed))
     assert one.index("accounts") < one.index("requests"), one

@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import func, select
 
 from tests.conftest import ON_PG
-from tests.helpers import account, epoch_seconds, land_all
+from tests.helpers import account, epoch_seconds, land_all, writes_in_order
 from walkeep import ledger, pricing
 from walkeep.db.models import Account, Blob, LedgerEntry, Memory, Renewal, RenewalItem
 from walkeep.errors import ConfigurationError
@@ -456,26 +456,15 @@ def test_a_sweep_locks_lapsing_memories_before_their_accounts(rt: Runtime, clock
     before it captures on the account row; renewal pauses before it holds. A sweep must
     take the same order, or a sweep and a registration for one account can deadlock on
     PostgreSQL. It used to release the account's bytes first."""
-    from sqlalchemy import event
-
     from walkeep.service import forget
 
     a = account(rt, credits=10)
     mid = _store(rt, a, "lapses unrenewed", "r1")
     forget.forget(rt, a, memory_id=mid, request_id="f1")  # still counts until it lapses
     _advance_epochs(rt, clock, 5)  # past end_epoch: lapsed
-    updated: list[str] = []
-
-    def note(_conn, _cursor, statement: str, *_args) -> None:  # type: ignore[no-untyped-def]
-        words = statement.split()
-        if words[:1] == ["UPDATE"]:
-            updated.append(words[1])
-
-    event.listen(rt.db.engine, "before_cursor_execute", note)
-    try:
-        report = renew.sweep(rt)
-    finally:
-        event.remove(rt.db.engine, "before_cursor_execute", note)
+    reports: list[renew.SweepReport] = []
+    updated = writes_in_order(rt, lambda: reports.append(renew.sweep(rt)))
+    (report,) = reports
     assert report.expired_memories == 1
     assert "memories" in updated and "accounts" in updated, updated
     assert updated.index("memories") < updated.index("accounts"), updated
