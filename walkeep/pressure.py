@@ -2,11 +2,12 @@
 
 Completion embeds every landed memory (the model is most of its CPU). On a small
 machine, during a burst of stores, that embedding took the CPU the requests needed:
-the completer used about 3 ms of CPU per accepted store, against 5 ms for the store
-itself (bench/store.py, per-thread CPU). Running it at the lowest priority (nice 19)
-only gives it the gaps, and on two cores the gaps are where the requests' other half
-runs. So between embedding batches the completer asks :meth:`Pressure.step_aside`,
-which waits while the process is saturated.
+the completer used 2–3 ms of CPU per accepted store, beside about 5 ms for the store
+itself on the event loop (bench/store.py, per-thread CPU). Running it at the lowest
+priority (nice 19) only gives it the gaps, and on two cores the gaps are where the
+requests' other half runs. So the embedder, on whichever background thread runs it,
+calls :meth:`Pressure.step_aside` between batches (bootstrap wires the hook), which
+waits while the process is saturated.
 
 Saturated means a request arrived to find ``SATURATED_AT`` or more in flight within the
 last ``HOLD_SECONDS``: a handful of concurrent calls from one agent is not a burst.
