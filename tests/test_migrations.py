@@ -67,3 +67,19 @@ def test_hot_query_indexes_exist(db_url: str) -> None:
     assert ("account_id", "namespace", "status") in mem_ix
     assert ("account_id", "tool", "request_id") in req_uq
     assert ("account_id", "memory_id") in req_ix  # completion updates a memory's request
+
+
+def test_blobs_leave_room_for_hot_leases(db_url: str) -> None:
+    """A renewal's lease touches no indexed column; on PostgreSQL the blobs table keeps
+    half of each page free so that update stays on its page (migration 0012). SQLite
+    has no such option, and the migration must leave it alone."""
+    engine = create_engine(db_url)
+    try:
+        options = inspect(engine).get_table_options("blobs")
+        dialect = engine.dialect.name
+    finally:
+        engine.dispose()
+    if dialect == "postgresql":
+        assert options.get("postgresql_with") == {"fillfactor": "50"}
+    else:
+        assert "postgresql_with" not in options

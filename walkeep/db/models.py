@@ -184,6 +184,8 @@ class Blob(Base):
         # check_runway's summary: an account's live blobs in runway order, and its
         # blobs past end_epoch that the sweep has not expired yet (ids off the index).
         Index(None, "account_id", "status", "end_epoch", "id"),
+        # Room for a renewal's lease as a HOT update (migration 0012).
+        {"postgresql_with": {"fillfactor": 50}},
     )
 
 
