@@ -42,7 +42,7 @@ from walkeep.clock import ManualClock
 from walkeep.config import Settings
 from walkeep.db import Database
 from walkeep.db import migrate as migrations
-from walkeep.service import accounts, completion, renew, store
+from walkeep.service import accounts, completion, renew, store, sweep
 
 TEST_MASTER_KEY = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
 
@@ -106,7 +106,7 @@ def run(mode: str, n_accounts: int, n_memories: int, n_epochs: int, seed: int) -
     for _ in range(n_epochs):
         clock.advance(epoch)
         renew.renew(rt)
-        renew.sweep(rt)
+        sweep.sweep(rt)
     seconds = time.perf_counter() - started
     end_epoch = rt.chain.current_epoch()
 

@@ -15,7 +15,7 @@ from walkeep.db.models import Blob, LedgerEntry, Memory, WriteJob
 from walkeep.index.embedder import HashEmbedder
 from walkeep.lifecycle import MemoryStatus
 from walkeep.quilt import decode_patch_id
-from walkeep.service import completion, export, forget, recall, renew, runway, store
+from walkeep.service import completion, export, forget, recall, renew, runway, store, sweep
 from walkeep.service.runtime import Runtime
 
 
@@ -254,7 +254,7 @@ def test_crash_between_quilt_upload_and_registration_bills_each_member_once(
     # records and never renews); each member is registered and billed exactly once.
     assert land_all(rt).landed == 3
     assert len(_owned_objects(rt)) == 2
-    swept = renew.sweep(rt)
+    swept = sweep.sweep(rt)
     assert swept.orphans == 1
     ms = _memories(rt, *ids_)
     assert {m.status for m in ms} == {MemoryStatus.ACTIVE} and len({m.blob_pk for m in ms}) == 1

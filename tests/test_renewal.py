@@ -13,7 +13,7 @@ from walkeep import ledger, pricing
 from walkeep.db.models import Account, Blob, LedgerEntry, Memory, Renewal, RenewalItem
 from walkeep.errors import ConfigurationError
 from walkeep.lifecycle import BlobStatus, MemoryStatus
-from walkeep.service import accounts, renew, runway, store
+from walkeep.service import accounts, reconcile, renew, runway, store, sweep
 from walkeep.service.renew import CrashForTest
 from walkeep.service.runtime import Runtime
 
@@ -146,7 +146,7 @@ def test_forgotten_and_expired_blobs_are_never_renewed(rt: Runtime, clock) -> No
     _advance_epochs(rt, clock, 3)
     assert renew.renew(rt).transactions == 0
     _advance_epochs(rt, clock, 2)  # past end_epoch: lapsed
-    report = renew.sweep(rt)
+    report = sweep.sweep(rt)
     assert report.expired_memories == 1 and report.expired_blobs == 1
     assert _view(rt, a, mid).status == "expired"
 
@@ -172,10 +172,10 @@ def test_crash_between_submit_and_record_is_reconciled_once(rt: Runtime, clock) 
         renew.renew(rt).transactions == 0
     )  # the blob is leased by the intent: no second extension
 
-    assert renew.reconcile_renewals(rt).confirmed == 0  # still within the grace period
-    clock.advance(renew.INTENT_GRACE_SECONDS + 1)
-    assert renew.reconcile_renewals(rt).confirmed == 1
-    assert renew.reconcile_renewals(rt).confirmed == 0  # exactly once
+    assert reconcile.reconcile_renewals(rt).confirmed == 0  # still within the grace period
+    clock.advance(reconcile.INTENT_GRACE_SECONDS + 1)
+    assert reconcile.reconcile_renewals(rt).confirmed == 1
+    assert reconcile.reconcile_renewals(rt).confirmed == 0  # exactly once
     v = _view(rt, a, mid)
     assert v.renewals_performed == 1 and v.end_epoch == end0 + 3
     assert rt.chain.get_blob(runway_blob_object(rt, mid)).end_epoch == end0 + 3  # type: ignore[union-attr]
@@ -205,8 +205,8 @@ def test_crash_before_submit_releases_and_renews_later(rt: Runtime, clock) -> No
     with pytest.raises(CrashForTest):
         renew.renew(rt)
     rt.extras["renew_hooks"] = {}
-    clock.advance(renew.INTENT_GRACE_SECONDS + 1)
-    rep = renew.reconcile_renewals(rt)
+    clock.advance(reconcile.INTENT_GRACE_SECONDS + 1)
+    rep = reconcile.reconcile_renewals(rt)
     assert rep.abandoned == 1 and rep.confirmed == 0
     with rt.db.read() as s:
         assert ledger.balance(s, a) == bal0  # never billed for an extension that didn't happen
@@ -238,7 +238,7 @@ def test_stale_holds_are_released_and_reported(rt: Runtime, clock) -> None:  # t
     with rt.db.begin() as s:
         ledger.hold(s, a, 500, ref="store:mem_ghost:1")  # a hold whose store vanished
     clock.advance(rt.settings.stale_hold_seconds + 1)
-    report = renew.sweep(rt)
+    report = sweep.sweep(rt)
     assert report.stale_holds_released == 1 and report.stale_hold_refs == ["store:mem_ghost:1"]
     with rt.db.read() as s:
         assert ledger.balance(s, a).held_mc == 0
@@ -419,15 +419,15 @@ def test_reconcile_waits_while_a_lost_transaction_could_still_land(
     with pytest.raises(CrashForTest):
         renew.renew(rt)
     rt.extras["renew_hooks"] = {}
-    clock.advance(renew.INTENT_GRACE_SECONDS + 1)
+    clock.advance(reconcile.INTENT_GRACE_SECONDS + 1)
     # Like a Sui transaction before its expiration epoch: it might still execute.
     monkeypatch.setattr(rt.chain, "can_still_land", lambda _tx: True)
-    rep = renew.reconcile_renewals(rt)
+    rep = reconcile.reconcile_renewals(rt)
     assert (rep.abandoned, rep.waiting) == (0, 1)
     with rt.db.read() as s:
         assert ledger.balance(s, a).held_mc > 0  # the hold stays until we know
     monkeypatch.setattr(rt.chain, "can_still_land", lambda _tx: False)
-    assert renew.reconcile_renewals(rt).abandoned == 1
+    assert reconcile.reconcile_renewals(rt).abandoned == 1
     with rt.db.read() as s:
         assert ledger.balance(s, a).held_mc == 0
 
@@ -462,8 +462,8 @@ def test_a_sweep_locks_lapsing_memories_before_their_accounts(rt: Runtime, clock
     mid = _store(rt, a, "lapses unrenewed", "r1")
     forget.forget(rt, a, memory_id=mid, request_id="f1")  # still counts until it lapses
     _advance_epochs(rt, clock, 5)  # past end_epoch: lapsed
-    reports: list[renew.SweepReport] = []
-    updated = writes_in_order(rt, lambda: reports.append(renew.sweep(rt)))
+    reports: list[sweep.SweepReport] = []
+    updated = writes_in_order(rt, lambda: reports.append(sweep.sweep(rt)))
     (report,) = reports
     assert report.expired_memories == 1
     assert "memories" in updated and "accounts" in updated, updated

@@ -15,7 +15,7 @@ from sqlalchemy import delete, insert, select, text, update
 from tests.helpers import account, epoch_seconds, land_all
 from walkeep.db.models import Blob, Memory, MemoryCounts
 from walkeep.lifecycle import LISTED, BlobStatus, MemoryStatus
-from walkeep.service import completion, forget, renew, runway, store
+from walkeep.service import completion, forget, renew, runway, store, sweep
 from walkeep.service.runtime import Runtime
 from walkeep.service.schemas import RunwayResult, RunwaySummary
 
@@ -147,7 +147,7 @@ def test_counts_stay_exact_through_a_memorys_whole_life(rt: Runtime, clock) -> N
         0,
     )
     assert kept_counts(rt)[a] == {"paused": 1, "no_renew": 1}  # the sweep hasn't run
-    renew.sweep(rt)
+    sweep.sweep(rt)
     check()
     assert kept_counts(rt)[a] == {"expired": 2}
     assert {v.memory_id for v in runway.check_runway(rt, a).memories} == {m1, m2}

@@ -19,7 +19,7 @@ from walkeep.errors import (
     RelayerUnavailable,
     ValidationError,
 )
-from walkeep.service import accounts, completion, runway, store, topup
+from walkeep.service import accounts, completion, runway, store, sweep, topup
 from walkeep.service.runtime import Runtime
 
 
@@ -272,7 +272,6 @@ def test_write_past_its_deadline_is_released_and_never_uploads_later(rt: Runtime
     """Issue 13.2: a failed attempt must never write afterwards. Its job is fenced
     (cancelled with the failure, in one transaction): no orphan the operator pays
     for, and a retry of the request writes one copy, not two."""
-    from walkeep.service import renew
 
     rt.relayer.latency_ms = 10 * 60 * 60 * 1000  # far beyond the deadline
     rt.relayer.quilts = False
@@ -290,7 +289,7 @@ def test_write_past_its_deadline_is_released_and_never_uploads_later(rt: Runtime
     assert rt.relayer.poll(job_id).state == "failed"  # cancelled: it never uploads
     assert land_all(rt).landed == 0
     assert list(rt.chain.owned_blobs()) == []
-    assert renew.sweep(rt).orphans == 0
+    assert sweep.sweep(rt).orphans == 0
     assert _bal(rt, a) == ledger.Balance(5000, 0)
     assert runway.check_runway(rt, a).account.total_memories == 0  # type: ignore[union-attr]
 

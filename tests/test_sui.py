@@ -67,7 +67,7 @@ from walkeep.config import Settings
 from walkeep.db.models import Blob, Renewal
 from walkeep.errors import ConfigurationError
 from walkeep.pricing import renewal_cost_mc, walrus_storage_cost_frost
-from walkeep.service import renew, store
+from walkeep.service import reconcile, renew, store
 from walkeep.service.runtime import Runtime
 
 # notes §3.2: 32 × 0x41 as a Sui bech32 private key, and its address.
@@ -1026,8 +1026,8 @@ def test_the_renewal_pass_and_reconciliation_run_on_the_sui_adapter(  # type: ig
     report = renew.renew(rt)
     assert (report.transactions, report.unknown_outcome) == (0, 1)
     assert node.objects[oid].fields["storage"]["end_epoch"] == end + 2 * k  # it did happen
-    clock.advance(seconds=renew.INTENT_GRACE_SECONDS + 1)
-    assert renew.reconcile_renewals(rt).confirmed == 1
+    clock.advance(seconds=reconcile.INTENT_GRACE_SECONDS + 1)
+    assert reconcile.reconcile_renewals(rt).confirmed == 1
     with rt.db.read() as s:
         assert s.scalars(select(Blob)).one().end_epoch == end + 2 * k
         statuses = sorted(r.status for r in s.scalars(select(Renewal)))

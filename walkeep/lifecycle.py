@@ -13,7 +13,11 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, overload
 
 if TYPE_CHECKING:  # types only: this module stays free of the database
+    from datetime import datetime
+
     from sqlalchemy import ColumnElement
+
+    from walkeep.backends.base import BlobObject
 
 # Walrus refuses to keep storage paid for more than this many epochs ahead.
 MAX_EPOCHS_AHEAD = 53
@@ -86,3 +90,30 @@ def next_renewal_epoch(
     computes it with this same rule rather than a copy of it.
     """
     return end_epoch - threshold
+
+
+def blob_row(
+    obj: BlobObject,
+    account_id: str | None,
+    status: BlobStatus,
+    now: datetime,
+    threshold: int,
+    *,
+    patch_count: int | None = None,
+) -> dict[str, object]:
+    """The ``blobs`` row for an on-chain Blob object (a quilt when it has patches)."""
+    return {
+        "account_id": account_id,
+        "kind": "quilt" if patch_count is not None else "blob",
+        "patch_count": patch_count,
+        "blob_id": obj.blob_id,
+        "blob_object_id": obj.blob_object_id,
+        "size_bytes": obj.size,
+        "storage_size": obj.storage_size,
+        "registered_epoch": obj.registered_epoch,
+        "end_epoch": obj.end_epoch,
+        "status": status,
+        "next_renewal_epoch": next_renewal_epoch(obj.end_epoch, threshold),
+        "created_at": now,
+        "updated_at": now,
+    }

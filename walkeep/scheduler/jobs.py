@@ -28,7 +28,7 @@ from apscheduler.schedulers.blocking import BlockingScheduler
 
 from walkeep import metrics
 from walkeep.errors import ConfigurationError
-from walkeep.service import completion, console, renew
+from walkeep.service import completion, console, reconcile, renew, sweep
 from walkeep.service.runtime import Runtime
 
 log = logging.getLogger("walkeep.worker")
@@ -54,8 +54,8 @@ def _deliver_alerts(rt: Runtime) -> Any:
 JOBS: dict[str, tuple[Callable[[Runtime], Any], str]] = {
     "complete_writes": (completion.complete_writes, "complete_writes_interval_seconds"),
     "renew": (renew.renew, "renew_interval_seconds"),
-    "reconcile_renewals": (renew.reconcile_renewals, "reconcile_renewals_interval_seconds"),
-    "sweep": (renew.sweep, "sweep_interval_seconds"),
+    "reconcile_renewals": (reconcile.reconcile_renewals, "reconcile_renewals_interval_seconds"),
+    "sweep": (sweep.sweep, "sweep_interval_seconds"),
     "reconcile_payments": (_reconcile_payments, "reconcile_payments_interval_seconds"),
     "deliver_alerts": (_deliver_alerts, "deliver_alerts_interval_seconds"),
 }

@@ -31,13 +31,12 @@ from typing import Any
 from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from walkeep import ledger
+from walkeep import ledger, lifecycle
 from walkeep.backends.base import BlobObject, JobState, JobStatus
 from walkeep.db.models import Blob, Memory, Request, table
 from walkeep.errors import WalkeepError
 from walkeep.lifecycle import BlobStatus, MemoryStatus
 from walkeep.service import compaction
-from walkeep.service.renew import blob_row
 from walkeep.service.runtime import Runtime
 from walkeep.service.store import fail_attempt, hold_ref, job_key, parse_job_key
 
@@ -407,7 +406,7 @@ def upsert_blob(  # type: ignore[no-untyped-def]
         )
     # A duplicate object of content we already keep alive is left to lapse.
     status = BlobStatus.LIVE if live and shared is None else BlobStatus.ORPHAN
-    row = blob_row(obj, account_id, status, now, threshold, patch_count=patch_count)
+    row = lifecycle.blob_row(obj, account_id, status, now, threshold, patch_count=patch_count)
     try:
         with s.begin_nested():
             new_id = s.execute(_INSERT_BLOB, row).scalar_one()

@@ -19,7 +19,7 @@ One pass (``renew``) repeats until nothing is due:
    last_renewal_tx, next_renewal_epoch, the renewal's cost, and the holds
    captured. A refused transaction releases the holds and backs off.
 
-A crash between 1 and 3 leaves an intent. ``reconcile_renewals`` asks the
+A crash between 1 and 3 leaves an intent. ``reconcile.reconcile_renewals`` asks the
 chain about its digest (and the blobs' end_epoch): applied → record and
 capture once; not applied → release. Never paid twice, never billed for an
 extension that didn't happen.
@@ -53,9 +53,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from walkeep import ledger, lifecycle, metrics, pricing, usage
+from walkeep import ledger, lifecycle, metrics, pricing
 from walkeep.backends.base import (
-    BlobObject,
     ChainError,
     ChainRejected,
     ChainUnavailable,
@@ -104,9 +103,6 @@ _RECORD_ITEMS = (
     .join_from(_ITEMS, _BLOBS, _BLOBS.c.id == _ITEMS.c.blob_pk)
     .where(_ITEMS.c.renewal_id == _RID)
 )
-
-# An intent younger than this may still be in flight in the worker that made it.
-INTENT_GRACE_SECONDS = 120
 
 
 def worker_name() -> str:
@@ -540,7 +536,7 @@ def _submit_and_record(rt: Runtime, claim: _Claim, report: RenewReport) -> None:
     try:
         effects = rt.chain.execute(claim.prepared)
     except ChainRejected as exc:
-        _abandon(rt, claim.renewal_id, f"refused: {exc}", backoff=True)
+        abandon(rt, claim.renewal_id, f"refused: {exc}", backoff=True)
         report.failed_transactions += 1
         metrics.RENEWAL_TXS.labels("refused").inc()
         return
@@ -553,10 +549,10 @@ def _submit_and_record(rt: Runtime, claim: _Claim, report: RenewReport) -> None:
         return
     if "after_submit" in hooks:
         hooks["after_submit"](claim)
-    _record(rt, claim.renewal_id, effects, report)
+    record(rt, claim.renewal_id, effects, report)
 
 
-def _record(
+def record(
     rt: Runtime, renewal_id: int, effects: TxEffects, report: RenewReport | None = None
 ) -> bool:
     """Apply a confirmed transaction: end epochs, counters, capture. Exactly once."""
@@ -674,7 +670,7 @@ def _record_blobs_stmt(threshold: int) -> Update:
     )
 
 
-def _abandon(rt: Runtime, renewal_id: int, reason: str, *, backoff: bool) -> bool:
+def abandon(rt: Runtime, renewal_id: int, reason: str, *, backoff: bool) -> bool:
     """The transaction did not happen: release holds, free the blobs."""
     now = rt.clock.now()
     with rt.db.begin() as s:
@@ -732,205 +728,10 @@ def _abandon(rt: Runtime, renewal_id: int, reason: str, *, backoff: bool) -> boo
     return True
 
 
-@dataclass
-class ReconcileReport:
-    confirmed: int = 0
-    abandoned: int = 0
-    waiting: int = 0
-
-
-def reconcile_renewals(
-    rt: Runtime, *, grace_seconds: int = INTENT_GRACE_SECONDS
-) -> ReconcileReport:
-    """Settle intents a crash (or an unknown outcome) left behind, by asking the chain."""
-    report = ReconcileReport()
-    cutoff = rt.clock.now() - timedelta(seconds=grace_seconds)
-    with rt.db.read() as s:
-        intents = list(
-            s.execute(
-                select(Renewal.id, Renewal.digest).where(
-                    Renewal.status == "intent", Renewal.created_at <= cutoff
-                )
-            )
-        )
-    for renewal_id, digest in intents:
-        try:
-            effects = rt.chain.get_transaction(digest)
-        except ChainError as exc:
-            log.warning("cannot look up %s yet: %s", digest, exc)
-            report.waiting += 1
-            continue
-        if effects is not None and effects.success:
-            if _record(rt, renewal_id, effects):
-                report.confirmed += 1
-            continue
-        # Unknown digest: confirm from the blobs themselves before releasing.
-        with rt.db.read() as s:
-            items = list(
-                s.execute(
-                    select(
-                        Blob.blob_object_id, RenewalItem.old_end_epoch, RenewalItem.new_end_epoch
-                    )
-                    .join(Blob, Blob.id == RenewalItem.blob_pk)
-                    .where(RenewalItem.renewal_id == renewal_id)
-                )
-            )
-        with rt.db.read() as s:
-            tx_bytes = s.scalar(select(Renewal.tx_bytes).where(Renewal.id == renewal_id))
-        if effects is None and tx_bytes and rt.chain.can_still_land(tx_bytes):
-            report.waiting += 1  # signed and maybe in flight: judge it after it expires
-            continue
-        applied = True
-        for object_id, _old_end, new_end in items:
-            obj = rt.chain.get_blob(object_id)
-            if obj is None or obj.end_epoch < new_end:
-                applied = False
-                break
-        if applied and items and effects is None:
-            # Every blob shows the extension yet the digest is unknown: do not
-            # release (the money was spent on chain); wait for the digest.
-            report.waiting += 1
-            continue
-        if _abandon(rt, renewal_id, "not applied on chain (reconciled)", backoff=False):
-            report.abandoned += 1
-    return report
-
-
-def blob_row(
-    obj: BlobObject,
-    account_id: str | None,
-    status: BlobStatus,
-    now: datetime,
-    threshold: int,
-    *,
-    patch_count: int | None = None,
-) -> dict[str, object]:
-    """The ``blobs`` row for an on-chain Blob object (a quilt when it has patches)."""
-    return {
-        "account_id": account_id,
-        "kind": "quilt" if patch_count is not None else "blob",
-        "patch_count": patch_count,
-        "blob_id": obj.blob_id,
-        "blob_object_id": obj.blob_object_id,
-        "size_bytes": obj.size,
-        "storage_size": obj.storage_size,
-        "registered_epoch": obj.registered_epoch,
-        "end_epoch": obj.end_epoch,
-        "status": status,
-        "next_renewal_epoch": lifecycle.next_renewal_epoch(obj.end_epoch, threshold),
-        "created_at": now,
-        "updated_at": now,
-    }
-
-
-@dataclass
-class SweepReport:
-    orphans: int = 0
-    expired_memories: int = 0
-    expired_blobs: int = 0
-    stale_holds_released: int = 0
-    stale_hold_refs: list[str] = field(default_factory=list)
-
-
-def sweep(rt: Runtime) -> SweepReport:
-    """Orphans (owned blobs nobody references), lapsed memories, stale holds."""
-    report = SweepReport()
-    now = rt.clock.now()
-    current = rt.chain.current_epoch()
-    threshold = rt.settings.renew_threshold_epochs
-
-    # 1. Lapsed: a blob past its end_epoch is gone; so are its memories.
-    with rt.db.begin() as s:
-        lapsed = select(Blob.id).where(Blob.end_epoch <= current, Blob.status != BlobStatus.EXPIRED)
-        lapsed_ids = list(s.scalars(lapsed))
-        if lapsed_ids:
-            kept = [MemoryStatus.ACTIVE, MemoryStatus.PAUSED, MemoryStatus.NO_RENEW]
-            freed = usage.kept_bytes(s, [Memory.blob_pk.in_(lapsed_ids), Memory.status.in_(kept)])
-            res = s.execute(
-                update(Memory)
-                .where(
-                    Memory.blob_pk.in_(lapsed_ids),
-                    Memory.status.in_(
-                        [MemoryStatus.ACTIVE, MemoryStatus.PAUSED, MemoryStatus.NO_RENEW]
-                    ),
-                )
-                .values(status=MemoryStatus.EXPIRED, status_changed_at=now)
-            )
-            report.expired_memories = rowcount(res)
-            # After the memories: their counters (memory_counts, by trigger) are locked
-            # before the accounts, as registration and renewal lock them. The other way
-            # round, a sweep and a registration for one account could deadlock.
-            usage.release_each(s, freed)
-            s.execute(
-                update(Blob)
-                .where(Blob.id.in_(lapsed_ids))
-                .values(status=BlobStatus.EXPIRED, updated_at=now)
-            )
-            report.expired_blobs = len(lapsed_ids)
-
-    # 2. Orphans: owned by the server wallet, unknown to the registry.
-    known: set[str] = set()
-    with rt.db.read() as s:
-        known.update(s.scalars(select(Blob.blob_object_id)))
-    fresh = []
-    for obj in rt.chain.owned_blobs():
-        if obj.blob_object_id in known or obj.end_epoch <= current:
-            continue
-        fresh.append(obj)
-    if fresh:
-        with rt.db.begin() as s:
-            for obj in fresh:
-                if s.scalar(select(Blob.id).where(Blob.blob_object_id == obj.blob_object_id)):
-                    continue
-                s.execute(
-                    insert(Blob).values(**blob_row(obj, None, BlobStatus.ORPHAN, now, threshold))
-                )
-                report.orphans += 1
-        metrics.ORPHANS.inc(report.orphans)
-        log.warning("recorded %d orphan blobs (never renewed)", report.orphans)
-
-    # 3. Stale holds: older than any legitimate operation, with nothing in flight.
-    from walkeep.db.models import LedgerEntry
-
-    cutoff = now - timedelta(seconds=rt.settings.stale_hold_seconds)
-    with rt.db.read() as s:
-        accounts = list(
-            s.scalars(select(LedgerEntry.account_id).where(LedgerEntry.kind == "hold").distinct())
-        )
-    for account_id in accounts:
-        with rt.db.begin() as s:
-            for hold in ledger.open_holds(s, account_id):
-                if hold.created_at > cutoff or _hold_in_flight(s, hold.ref):
-                    continue
-                ledger.release(s, account_id, hold.ref, memo="stale hold released by sweep")
-                report.stale_holds_released += 1
-                report.stale_hold_refs.append(hold.ref)
-    if report.stale_holds_released:
-        log.error(
-            "released %d stale holds: %s", report.stale_holds_released, report.stale_hold_refs
-        )
-    return report
-
-
-def _hold_in_flight(s: Session, ref: str) -> bool:
-    kind, _, rest = ref.partition(":")
-    if kind == "store":
-        memory_id = rest.split(":")[0]
-        status = s.scalar(select(Memory.status).where(Memory.id == memory_id))
-        return status in (MemoryStatus.ACCEPTING, MemoryStatus.STORING)
-    if kind == "renewal":
-        renewal_id = int(rest.split(":")[0])
-        status = s.scalar(select(Renewal.status).where(Renewal.id == renewal_id))
-        return status == "intent"
-    return True  # unknown kinds are never touched automatically
-
-
 __all__ = [
     "CrashForTest",
     "InsufficientBalance",
     "RenewReport",
-    "reconcile_renewals",
     "renew",
     "resume_paused",
-    "sweep",
 ]

@@ -1,0 +1,130 @@
+"""The sweep: what no other job cleans up.
+
+1. **Lapsed**: a blob past its end epoch is gone on chain, and so are its memories:
+   they become ``expired``, their bytes leave the account's usage, the blob is
+   marked expired (memory rows first, then the account: the lock order of
+   registration and renewal).
+2. **Orphans**: blobs the server wallet owns that the registry does not know (a
+   crash between a write landing and its registration) are recorded, never renewed.
+3. **Stale holds**: holds older than any legitimate operation, with nothing in
+   flight behind them, are released so credits never stay locked by a lost worker.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.orm import Session
+
+from walkeep import ledger, lifecycle, metrics, usage
+from walkeep.db import rowcount
+from walkeep.db.models import Blob, LedgerEntry, Memory, Renewal
+from walkeep.lifecycle import BlobStatus, MemoryStatus
+from walkeep.service.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SweepReport:
+    orphans: int = 0
+    expired_memories: int = 0
+    expired_blobs: int = 0
+    stale_holds_released: int = 0
+    stale_hold_refs: list[str] = field(default_factory=list)
+
+
+def sweep(rt: Runtime) -> SweepReport:
+    """Orphans (owned blobs nobody references), lapsed memories, stale holds."""
+    report = SweepReport()
+    now = rt.clock.now()
+    current = rt.chain.current_epoch()
+    threshold = rt.settings.renew_threshold_epochs
+
+    # 1. Lapsed: a blob past its end_epoch is gone; so are its memories.
+    with rt.db.begin() as s:
+        lapsed = select(Blob.id).where(Blob.end_epoch <= current, Blob.status != BlobStatus.EXPIRED)
+        lapsed_ids = list(s.scalars(lapsed))
+        if lapsed_ids:
+            kept = [MemoryStatus.ACTIVE, MemoryStatus.PAUSED, MemoryStatus.NO_RENEW]
+            freed = usage.kept_bytes(s, [Memory.blob_pk.in_(lapsed_ids), Memory.status.in_(kept)])
+            res = s.execute(
+                update(Memory)
+                .where(
+                    Memory.blob_pk.in_(lapsed_ids),
+                    Memory.status.in_(
+                        [MemoryStatus.ACTIVE, MemoryStatus.PAUSED, MemoryStatus.NO_RENEW]
+                    ),
+                )
+                .values(status=MemoryStatus.EXPIRED, status_changed_at=now)
+            )
+            report.expired_memories = rowcount(res)
+            # After the memories: their counters (memory_counts, by trigger) are locked
+            # before the accounts, as registration and renewal lock them. The other way
+            # round, a sweep and a registration for one account could deadlock.
+            usage.release_each(s, freed)
+            s.execute(
+                update(Blob)
+                .where(Blob.id.in_(lapsed_ids))
+                .values(status=BlobStatus.EXPIRED, updated_at=now)
+            )
+            report.expired_blobs = len(lapsed_ids)
+
+    # 2. Orphans: owned by the server wallet, unknown to the registry.
+    known: set[str] = set()
+    with rt.db.read() as s:
+        known.update(s.scalars(select(Blob.blob_object_id)))
+    fresh = []
+    for obj in rt.chain.owned_blobs():
+        if obj.blob_object_id in known or obj.end_epoch <= current:
+            continue
+        fresh.append(obj)
+    if fresh:
+        with rt.db.begin() as s:
+            for obj in fresh:
+                if s.scalar(select(Blob.id).where(Blob.blob_object_id == obj.blob_object_id)):
+                    continue
+                s.execute(
+                    insert(Blob).values(
+                        **lifecycle.blob_row(obj, None, BlobStatus.ORPHAN, now, threshold)
+                    )
+                )
+                report.orphans += 1
+        metrics.ORPHANS.inc(report.orphans)
+        log.warning("recorded %d orphan blobs (never renewed)", report.orphans)
+
+    # 3. Stale holds: older than any legitimate operation, with nothing in flight.
+    cutoff = now - timedelta(seconds=rt.settings.stale_hold_seconds)
+    with rt.db.read() as s:
+        accounts = list(
+            s.scalars(select(LedgerEntry.account_id).where(LedgerEntry.kind == "hold").distinct())
+        )
+    for account_id in accounts:
+        with rt.db.begin() as s:
+            for hold in ledger.open_holds(s, account_id):
+                if hold.created_at > cutoff or _hold_in_flight(s, hold.ref):
+                    continue
+                ledger.release(s, account_id, hold.ref, memo="stale hold released by sweep")
+                report.stale_holds_released += 1
+                report.stale_hold_refs.append(hold.ref)
+    if report.stale_holds_released:
+        log.error(
+            "released %d stale holds: %s", report.stale_holds_released, report.stale_hold_refs
+        )
+    return report
+
+
+def _hold_in_flight(s: Session, ref: str) -> bool:
+    kind, _, rest = ref.partition(":")
+    if kind == "store":
+        memory_id = rest.split(":")[0]
+        status = s.scalar(select(Memory.status).where(Memory.id == memory_id))
+        return status in (MemoryStatus.ACCEPTING, MemoryStatus.STORING)
+    if kind == "renewal":
+        renewal_id = int(rest.split(":")[0])
+        status = s.scalar(select(Renewal.status).where(Renewal.id == renewal_id))
+        return status == "intent"
+    return True  # unknown kinds are never touched automatically
