@@ -123,7 +123,9 @@ def test_outside_no_wait_nothing_is_refused() -> None:
 
 
 def test_store_may_run_inline_only_where_nothing_leaves_the_machine(rt) -> None:  # type: ignore[no-untyped-def]
-    assert store.may_run_inline(rt) == rt.db.is_sqlite
+    assert store.may_run_inline(rt)  # the self-run relayer, on either database
+    rt.relayer.stage = None  # a relayer that accepts over HTTP: on a thread
+    assert not store.may_run_inline(rt)
 
 
 def test_the_write_lock_calls_back_once_it_is_free(sqlite_db: Database) -> None:
@@ -236,3 +238,28 @@ def test_a_store_refused_another_process_lock_runs_on_a_thread_once(
     finally:
         other.close()
     _assert_stored_and_charged_once(rt, result, acct.account_id)
+
+
+@pytest.mark.postgres
+def test_a_postgresql_store_awaits_its_statement_on_the_loop(rt, thread_hops: list[str]) -> None:  # type: ignore[no-untyped-def]
+    """On PostgreSQL the store runs on the loop too, its statement awaited (Database.on_loop):
+    while another transaction holds the account's row, the claim waits on the server, the
+    loop stays free (the test's own coroutine lets go), and nothing goes to a thread."""
+    acct = accounts.create_account(rt.db, "loop", credits_mc=ledger.usd_to_mc("10"))
+    mcp = build_mcp(lambda: rt, transport="stdio", fixed_caller=Caller(acct.account_id))
+    assert rt.relayer.health().ok  # a fresh probe, as a running server has: not refused
+    with rt.db.engine.connect() as other:
+        other.begin()
+        other.execute(
+            text("SELECT 1 FROM accounts WHERE id = :id FOR UPDATE"), {"id": acct.account_id}
+        )
+        result = anyio.run(_store_while, mcp, lambda: None, other.rollback)
+    assert not result.is_error, result  # type: ignore[attr-defined]
+    assert result.structured_content["status"] == "storing"  # type: ignore[attr-defined]
+    assert thread_hops == []
+    with rt.db.read() as s:
+        held, cost = s.execute(
+            text("SELECT a.held_mc, m.cost_mc FROM accounts a JOIN memories m ON m.id = :m"),
+            {"m": result.structured_content["memory_id"]},  # type: ignore[attr-defined]
+        ).one()
+    assert held == cost > 0  # held once

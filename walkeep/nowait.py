@@ -1,11 +1,12 @@
 """Calls that may run on the event loop because they promise not to wait.
 
-A store on SQLite with the self-run relayer is a few hundred microseconds of CPU: no
-network, and a write lock that is free almost always. Handing it to a worker thread
-anyway cost more than the store itself: the thread and the event loop pass the GIL
-back and forth at every SQLite call, and every request in flight slows down with
-them (measured with ``bench/store.py``: 0.24 of the ceiling through a thread, 0.38 on
-the loop).
+A store with the self-run relayer is a few hundred microseconds of CPU: no network
+but the database's, and on SQLite a write lock that is free almost always. Handing it
+to a worker thread anyway cost more than the store itself: the thread and the event
+loop pass the GIL back and forth at every SQLite call, and every request in flight
+slows down with them (measured with ``bench/store.py``: 0.24 of the ceiling through a
+thread, 0.38 on the loop). On PostgreSQL its statements are awaited on the loop
+(``Database.on_loop``); the promise below is about every *other* wait.
 
 So a caller may try such a call on its own thread inside :func:`no_wait`. Every place
 on that path that could block — the SQLite write lock (this process's and another

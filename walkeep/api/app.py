@@ -123,6 +123,7 @@ def create_app(
                     await anyio.to_thread.run_sync(rt.completer.stop)
                 if checkpointer is not None:
                     await anyio.to_thread.run_sync(checkpointer.stop)
+                await rt.db.close_loop()
 
     app = WalkeepApp(
         title="Walkeep",

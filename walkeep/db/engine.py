@@ -11,14 +11,17 @@ where they are needed (ledger, job claims).
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import os
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import (
     Connection,
@@ -36,11 +39,15 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, DisconnectionError, OperationalError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.util import greenlet_spawn
 
 from walkeep import nowait
 from walkeep.clock import Clock, SystemClock
 from walkeep.errors import ConfigurationError
+
+T = TypeVar("T")
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 # SQLite checkpoints the WAL itself (in the committing connection) past this many pages:
@@ -161,19 +168,48 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             )
         if u.get_driver_name() != "psycopg":
             u = u.set(drivername="postgresql+psycopg")
-        engine = create_engine(
-            u,
-            pool_size=kwargs.pop("pool_size", 10),
-            max_overflow=kwargs.pop("max_overflow", 20),
-            **kwargs,
-        )
-        event.listen(engine, "checkin", _note_checkin)
-        event.listen(engine, "checkout", _ping_if_idle)
+        engine = create_engine(u, **_pg_pool(kwargs))
+        _listen_pg(engine)
         return engine
     raise ConfigurationError(
         f"unsupported database URL scheme {u.drivername!r}: use sqlite:///path or "
         "postgresql+psycopg://user@host/db"
     )
+
+
+def _pg_pool(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Up to 30 connections per engine, 20 of them kept open: more than the requests a
+    process runs at once. A connection beyond ``pool_size`` is closed when it is given
+    back, so with the 10 kept before, 16 concurrent stores opened and closed a
+    PostgreSQL backend (a process fork on the server) every few requests."""
+    return {
+        "pool_size": kwargs.pop("pool_size", 20),
+        "max_overflow": kwargs.pop("max_overflow", 10),
+        **kwargs,
+    }
+
+
+def _listen_pg(engine: Engine) -> None:
+    event.listen(engine, "checkin", _note_checkin)
+    event.listen(engine, "checkout", _ping_if_idle)
+
+
+# Set inside ``Database.on_loop``: this call's statements await on the event loop.
+_ON_LOOP: ContextVar[bool] = ContextVar("walkeep_db_on_loop", default=False)
+
+
+class _Sessions:
+    """The three ways into one engine: write sessions, read sessions, autocommit."""
+
+    def __init__(self, engine: Engine, clock: Clock) -> None:
+        # session.info["clock"] lets code deep in a transaction ask for "now".
+        self.write = sessionmaker(engine, expire_on_commit=False, info={"clock": clock})
+        self.autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self.read = sessionmaker(
+            engine.execution_options(walkeep_readonly=True),
+            expire_on_commit=False,
+            info={"clock": clock},
+        )
 
 
 class Database:
@@ -192,14 +228,67 @@ class Database:
         # Callbacks of no-wait callers refused the write lock (see ``_call_when_free``).
         self._free_waiters: list[Callable[[], None]] = []
         self._free_guard = threading.Lock()
-        # session.info["clock"] lets code deep in a transaction ask for "now".
-        self._write = sessionmaker(self.engine, expire_on_commit=False, info={"clock": self.clock})
-        self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
-        self._read = sessionmaker(
-            self.engine.execution_options(walkeep_readonly=True),
-            expire_on_commit=False,
-            info={"clock": self.clock},
-        )
+        self._threaded = _Sessions(self.engine, self.clock)
+        self._engine_kwargs = engine_kwargs
+        # PostgreSQL, on first use of ``on_loop``: the same database through psycopg's
+        # asyncio connections, for calls that run on the event loop.
+        self._loop_engine: AsyncEngine | None = None
+        self._on_loop: _Sessions | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _sessions(self) -> _Sessions:
+        if _ON_LOOP.get() and self._on_loop is not None:
+            return self._on_loop
+        return self._threaded
+
+    async def on_loop(self, fn: Callable[[], T]) -> T:
+        """Run the blocking function ``fn`` on the event loop: as it is on SQLite (an
+        in-process library; the caller made sure nothing on its path waits —
+        walkeep/nowait.py), and on PostgreSQL in a greenlet whose every statement
+        *awaits* its round trip on the loop (SQLAlchemy's asyncio bridge), so other
+        requests run meanwhile.
+
+        Why not a worker thread: a store is well under a millisecond of Python around
+        one statement, and through a thread the loop and the thread passed the GIL back
+        and forth at every step. Four alternating runs of 16 clients on PostgreSQL, one
+        process: 370 stores/s through threads, 425 on the loop (median 457), 1.8–1.9 ms
+        of the process's CPU per store against 2.1–2.5. Each engine has its own pool;
+        the thread one still serves the worker threads (other tools, completion)."""
+        if not self.is_postgres:
+            return fn()
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            # asyncio connections belong to the loop that opened them. A server has one
+            # loop for its life; tests may drive one Database from several in turn.
+            self._drop_loop_engine()
+            u = make_url(self.url).set(drivername="postgresql+psycopg_async")
+            self._loop_engine = create_async_engine(
+                u, hide_parameters=True, **_pg_pool(dict(self._engine_kwargs))
+            )
+            _listen_pg(self._loop_engine.sync_engine)
+            self._on_loop = _Sessions(self._loop_engine.sync_engine, self.clock)
+            self._loop = loop
+
+        def on_this_loop() -> T:
+            _ON_LOOP.set(True)
+            return fn()
+
+        # A copy of the caller's context: what the call sets stays in the call.
+        return await greenlet_spawn(contextvars.copy_context().run, on_this_loop)  # type: ignore[no-any-return]
+
+    async def close_loop(self) -> None:
+        """Close the event loop's connections, on the loop that used them (a server's
+        shutdown)."""
+        engine, self._loop_engine, self._on_loop, self._loop = self._loop_engine, None, None, None
+        if engine is not None:
+            await engine.dispose()
+
+    def _drop_loop_engine(self) -> None:
+        """Forget the loop engine without its loop: its connections close as they are
+        collected (the server ends them when their sockets close)."""
+        engine, self._loop_engine, self._on_loop, self._loop = self._loop_engine, None, None, None
+        if engine is not None:
+            engine.sync_engine.dispose(close=False)
 
     @property
     def is_sqlite(self) -> bool:
@@ -219,7 +308,7 @@ class Database:
     @contextmanager
     def begin(self) -> Iterator[Session]:
         if self._write_lock is None:
-            with self._write() as session, session.begin():
+            with self._sessions().write() as session, session.begin():
                 yield session
             return
         # SQLite has one writer at a time. Waiting on SQLite's own lock means
@@ -231,7 +320,7 @@ class Database:
         if not self._write_lock.acquire(blocking=not nowait.active()):
             nowait.refuse("this process's SQLite write lock", self._call_when_free)
         try:
-            with self._write() as session, session.begin():
+            with self._threaded.write() as session, session.begin():
                 yield session
         finally:
             self._write_lock.release()
@@ -260,7 +349,7 @@ class Database:
         """A connection on which each statement commits by itself (PostgreSQL): for work
         written as ONE statement, so no lock it takes outlives that statement — not
         even by the round trip a COMMIT would cost, nor the wait for the GIL before it."""
-        with self._autocommit.connect() as conn:
+        with self._sessions().autocommit.connect() as conn:
             yield conn
 
     @contextmanager
@@ -270,7 +359,7 @@ class Database:
         the rows they count must agree). SQLite's deferred read transaction already is
         one snapshot (WAL); PostgreSQL's READ COMMITTED is not, so it runs REPEATABLE
         READ, which never fails a read-only transaction."""
-        with self._read() as session, session.begin():
+        with self._sessions().read() as session, session.begin():
             if snapshot and self.is_postgres:
                 session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
             yield session
@@ -288,6 +377,7 @@ class Database:
             ) from exc
 
     def dispose(self) -> None:
+        self._drop_loop_engine()
         self.engine.dispose()
 
 

@@ -306,7 +306,7 @@ def build_mcp(
                 while True:
                     try:
                         with no_wait():
-                            return _ok(call())
+                            return _ok(await rt.db.on_loop(call))
                     except WouldWait as exc:
                         left = give_up - time.monotonic()
                         if exc.on_free is None or left <= 0:

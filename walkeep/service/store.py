@@ -127,11 +127,12 @@ def _storable_metadata(key: str, value: str) -> None:
 
 
 def may_run_inline(rt: Runtime) -> bool:
-    """Whether a transport may try ``store`` on its own thread inside ``nowait.no_wait()``
-    (walkeep/nowait.py): on SQLite with the self-run relayer nothing on its path leaves
-    the machine, and each thing that could wait refuses to instead. On PostgreSQL every
-    statement is a network round trip, and a remote relayer is an HTTP call: a thread."""
-    return rt.db.is_sqlite and getattr(rt.relayer, "stage", None) is not None
+    """Whether a transport may try ``store`` on its event loop, through
+    ``rt.db.on_loop`` inside ``nowait.no_wait()`` (walkeep/nowait.py): with the self-run
+    relayer the only waits on its path are the database's — SQLite's in-process calls,
+    PostgreSQL's round trips, which ``on_loop`` awaits — and each other thing that could
+    wait refuses to instead. A remote relayer is an HTTP call: a thread."""
+    return getattr(rt.relayer, "stage", None) is not None
 
 
 def store(
