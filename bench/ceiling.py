@@ -9,8 +9,9 @@ load generator's (which shares the machine's two cores with the server).
     python bench/ceiling.py [--clients 16] [--seconds 15] [--accounts 1]
                             [--client sdk|wire] [--pg-server URL]
 
-drives this server and then Walkeep (``walkeep serve``) with the same load
-generator (``bench/load.py``) for the same time and prints both and the ratio.
+drives this server and Walkeep (``walkeep serve``) with the same load generator
+(``bench/load.py``) for the same time, in alternating rounds with the other one
+stopped (``load.alternate``), and prints both and the ratio.
 ``python bench/ceiling.py --serve PORT`` only runs the do-nothing server.
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -32,9 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from load import (
     LEGACY,
     MODERN,
-    Burst,
-    drive,
+    alternate,
     free_port,
+    freeze,
     scratch_database,
     start_walkeep,
     wait_healthy,
@@ -76,28 +78,45 @@ def serve(port: int) -> None:
     uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")).run()
 
 
-def measure(*, clients: int, seconds: float, accounts: int, kind: str, era: str) -> Burst:
-    """Start the do-nothing server, drive it, stop it."""
+@dataclass
+class Ceiling:
+    """The do-nothing server, running, and the (unchecked) keys to drive it with."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    keys: list[str]
+
+    @property
+    def mcp_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    def pause(self) -> None:
+        freeze(self.proc, True)
+
+    def resume(self) -> None:
+        freeze(self.proc, False)
+
+    def stop(self) -> None:
+        self.resume()
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+def start(accounts: int) -> Ceiling:
+    """Start the do-nothing server in a session of its own (``freeze`` stops it whole)."""
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, __file__, "--serve", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
         wait_healthy(f"http://127.0.0.1:{port}/healthz", lambda: proc.poll() is None)
-        keys = [f"ceiling-{n}" for n in range(accounts)]
-        return drive(
-            f"http://127.0.0.1:{port}/mcp",
-            keys,
-            clients=clients,
-            seconds=seconds,
-            kind=kind,
-            era=era,
-        )
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    except SystemExit:
+        proc.kill()
+        raise
+    return Ceiling(proc, port, [f"ceiling-{n}" for n in range(accounts)])
 
 
 def add_load_args(ap: argparse.ArgumentParser) -> None:
@@ -119,6 +138,12 @@ def add_load_args(ap: argparse.ArgumentParser) -> None:
         "dropped afterwards (e.g. postgresql+psycopg://postgres@127.0.0.1:5432/test)",
     )
     ap.add_argument("--workers", type=int, default=1, help="walkeep serve --workers N")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="alternate the ceiling and Walkeep this many times, --seconds split among them",
+    )
 
 
 def main() -> None:
@@ -129,14 +154,19 @@ def main() -> None:
     if args.serve:
         serve(args.serve)
         return
-    load = dict(clients=args.clients, seconds=args.seconds, kind=args.client, era=args.era)
-    ceiling = measure(accounts=args.accounts, **load)
-    with scratch_database(args.pg_server) as db_url:
-        server = start_walkeep(db_url, accounts=args.accounts, args=worker_args(args.workers))
-        try:
-            walkeep = drive(server.mcp_url, server.keys, **load)
-        finally:
-            server.stop()
+    load = dict(clients=args.clients, kind=args.client, era=args.era)
+    roof = start(args.accounts)
+    try:
+        with scratch_database(args.pg_server) as db_url:
+            server = start_walkeep(db_url, accounts=args.accounts, args=worker_args(args.workers))
+            try:
+                ceiling, walkeep = alternate(
+                    [roof, server], rounds=args.rounds, seconds=args.seconds, **load
+                )
+            finally:
+                server.stop()
+    finally:
+        roof.stop()
     db = "postgresql" if args.pg_server else "sqlite"
     print(f"load: {args.clients} clients, {args.accounts} account(s), client={args.client}")
     print(f"ceiling (do-nothing store):       {ceiling.line()}")

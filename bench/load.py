@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import secrets
+import signal
 import socket
 import statistics
 import subprocess
@@ -27,6 +28,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 import anyio
 import httpx
@@ -210,6 +212,75 @@ async def _run(
     return burst
 
 
+def combine(bursts: Sequence[Burst]) -> Burst:
+    """One burst's figures from several rounds of the same load."""
+    out = Burst()
+    for b in bursts:
+        out.latencies += b.latencies
+        out.errors += b.errors
+        out.elapsed += b.elapsed
+    return out
+
+
+class Server(Protocol):
+    """A server a benchmark drives: where, with which keys, and how to freeze it."""
+
+    @property
+    def mcp_url(self) -> str: ...
+
+    keys: list[str]
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+
+def alternate(
+    servers: Sequence[Server],
+    *,
+    rounds: int = 3,
+    seconds: float = 15,
+    warmup: float = 3.0,
+    **load: Any,
+) -> list[Burst]:
+    """Drive each server in turn, ``rounds`` times, ``seconds / rounds`` a round, each
+    round after ``warmup`` untimed seconds of the same load (a third of it after the
+    first); the servers not being driven are stopped (SIGSTOP), so none takes CPU from
+    the one measured. One burst per server, its rounds combined.
+
+    Why rounds: this shared 2-core machine's speed drifts by a third within minutes, so a
+    ceiling measured a minute before the server it bounds could be measured on a
+    different machine, in effect. Alternating short rounds puts both under the same
+    drift, and their ratio is what the benchmarks compare."""
+    for server in servers:
+        server.pause()
+    rounds_of: list[list[Burst]] = [[] for _ in servers]
+    for r in range(rounds):
+        for server, done in zip(servers, rounds_of, strict=True):
+            server.resume()
+            try:
+                done.append(
+                    drive(
+                        server.mcp_url,
+                        server.keys,
+                        seconds=seconds / rounds,
+                        warmup=warmup if r == 0 else warmup / 3,
+                        **load,
+                    )
+                )
+            finally:
+                server.pause()
+    for server in servers:
+        server.resume()
+    return [combine(done) for done in rounds_of]
+
+
+def freeze(proc: subprocess.Popen[bytes], frozen: bool) -> None:
+    """Stop (or continue) a server started in a session of its own, with its children
+    (the web processes of ``--workers N``)."""
+    os.killpg(proc.pid, signal.SIGSTOP if frozen else signal.SIGCONT)
+
+
 def drive(
     url: str,
     keys: Sequence[str],
@@ -239,7 +310,14 @@ class Walkeep:
     def mcp_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/mcp"
 
+    def pause(self) -> None:
+        freeze(self.proc, True)
+
+    def resume(self) -> None:
+        freeze(self.proc, False)
+
     def stop(self) -> None:
+        self.resume()  # a stopped process would not see the SIGTERM until continued
         self.proc.terminate()
         try:
             self.proc.wait(30)
@@ -283,6 +361,7 @@ def start_walkeep(
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group: ``freeze`` stops it whole
     )
     try:
         wait_healthy(f"http://127.0.0.1:{port}/healthz", lambda: proc.poll() is None)

@@ -1,26 +1,29 @@
 """Store throughput through MCP over HTTP, against the ceiling of our own stack, in one run.
 
-Runs, one after the other on this machine:
+Measures, on this machine:
 
-1. **the ceiling**: ``bench/ceiling.py``'s do-nothing ``store`` on the same MCP SDK,
-   transport and uvicorn settings, driven by the same load generator
-   (``bench/load.py``) for the same time;
-2. **the embedder's own batch rate**: the model Walkeep embeds with, on one thread
+1. **the embedder's own batch rate**: the model Walkeep embeds with, on one thread
    as the completer runs it, over texts like the ones stored — the limit of
    sustained completion, since every landed memory is embedded once;
-3. **Walkeep** (``walkeep serve``, in-process worker; SQLite, or PostgreSQL with
-   ``--pg-server``): the same burst, then the wait until every accepted write has
-   landed and been billed. Completion steps aside while the burst saturates the server
-   (walkeep/pressure.py), so sustained throughput is what lands after the burst, over
-   the time from its end to the last landing.
+2. **the ceiling** — ``bench/ceiling.py``'s do-nothing ``store`` on the same MCP SDK,
+   transport and uvicorn settings — and **Walkeep** (``walkeep serve``, in-process
+   worker; SQLite, or PostgreSQL with ``--pg-server``), driven by the same load
+   generator (``bench/load.py``) for the same time, in alternating rounds with the
+   other server stopped (``load.alternate``: the machine's speed drifts within
+   minutes, and both should see the same drift);
+3. the wait until every accepted write has landed and been billed. Completion steps
+   aside while the burst saturates the server (walkeep/pressure.py), so sustained
+   throughput is what lands after the burst, over the time from its end to the last
+   landing.
 
 and prints accepts/s and latency next to the ceiling, and sustained landed+billed
 per second next to the embedder's rate, with the ratios and the issue's targets
 (≥ 0.5× the ceiling on SQLite, ≥ 0.4× on PostgreSQL, p99 < 150 ms, sustained ≥ 0.8×
 the embedder).
 
-    python bench/store.py [--clients 16] [--seconds 15] [--accounts 1] [--client wire|sdk]
-                          [--era 2025-11-25|2026-07-28] [--pg-server URL] [--workers N]
+    python bench/store.py [--clients 16] [--seconds 15] [--rounds 3] [--accounts 1]
+                          [--client wire|sdk] [--era 2025-11-25|2026-07-28]
+                          [--pg-server URL] [--workers N]
 
 ``--client wire`` (the default) is a lean JSON-RPC client, so the ceiling is as high as
 this machine lets a Python client drive it; ``sdk`` is the official MCP client, which
@@ -41,7 +44,7 @@ from sqlalchemy import Engine, create_engine, text
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import ceiling
-from load import content, drive, scratch_database, start_walkeep
+from load import alternate, content, scratch_database, start_walkeep
 
 TARGET_RATIO = {"sqlite": 0.5, "postgresql": 0.4}
 TARGET_P99_MS = 150.0
@@ -104,13 +107,20 @@ class Landings(threading.Thread):
 def landed(db_url: str) -> int:
     """Memories landed and billed (active), read from the database by this process, so
     watching costs the server nothing (check_runway would run on its GIL)."""
+    return _count(db_url, "SELECT count(*) FROM memories WHERE status = 'active'")
+
+
+def accepted(db_url: str) -> int:
+    """Every store accepted so far: each has its memory row from the moment it is."""
+    return _count(db_url, "SELECT count(*) FROM memories")
+
+
+def _count(db_url: str, sql: str) -> int:
     engine = _engines.get(db_url)
     if engine is None:
         engine = _engines[db_url] = create_engine(db_url)
     with engine.connect() as c:
-        return int(
-            c.execute(text("SELECT count(*) FROM memories WHERE status = 'active'")).scalar_one()
-        )
+        return int(c.execute(text(sql)).scalar_one())
 
 
 _engines: dict[str, Engine] = {}
@@ -121,44 +131,43 @@ def main() -> None:
     ceiling.add_load_args(ap)
     ap.set_defaults(client="wire")
     args = ap.parse_args()
-    load = {"clients": args.clients, "seconds": args.seconds, "kind": args.client, "era": args.era}
+    load = {"clients": args.clients, "kind": args.client, "era": args.era}
     db = "postgresql" if args.pg_server else "sqlite"
 
-    roof = ceiling.measure(accounts=args.accounts, **load)
     embed_rate = embedder_rate()
-    with scratch_database(args.pg_server) as db_url:
-        server = start_walkeep(
-            db_url, accounts=args.accounts, args=ceiling.worker_args(args.workers)
-        )
-        try:
-            # Warm up with the same load (its stores land and are counted below too).
-            warm = drive(server.mcp_url, server.keys, **{**load, "seconds": 3}, warmup=0)
-            watch = Landings(server.db_url)
-            watch.start()
-            started = time.monotonic()
-            burst = drive(server.mcp_url, server.keys, **load, warmup=0)
-            burst_end = time.monotonic()
-            watch.mark()
-            watch.until(warm.accepted + burst.accepted, timeout=600)
-        finally:
-            server.stop()
+    roof = ceiling.start(args.accounts)
+    try:
+        with scratch_database(args.pg_server) as db_url:
+            server = start_walkeep(
+                db_url, accounts=args.accounts, args=ceiling.worker_args(args.workers)
+            )
+            try:
+                watch = Landings(server.db_url)
+                watch.start()
+                top, burst = alternate(
+                    [roof, server], rounds=args.rounds, seconds=args.seconds, **load
+                )
+                burst_end = time.monotonic()
+                roof.pause()  # idle from here on: nothing of it runs beside the drain
+                watch.mark()
+                # Every accepted store (the warm-ups' too) has its memory row by now.
+                watch.until(accepted(server.db_url), timeout=600)
+            finally:
+                server.stop()
+    finally:
+        roof.stop()
 
     done, last = watch.done, watch.last
-    end_to_end = done / (last - started)
     drain = last - burst_end
-    # Completion steps aside while the burst saturates the server (walkeep/pressure.py),
-    # so its throughput is what it lands once it may run: everything that landed after
-    # the burst, over the time from the burst's end to the last landing. That window
-    # holds all of their embedding and registration (a round that was paused mid-way
-    # resumes in it; the rounds finished during the burst are left out on both sides).
     sustained = (done - watch.at_mark) / drain if drain > 0 else float("nan")
-    ratio = burst.rate / roof.rate
+    ratio = burst.rate / top.rate
     p99 = burst.pct(0.99)
     print(
         f"load: {args.clients} clients over {args.accounts} account(s), client={args.client}, "
-        f"{args.seconds:.0f} s each; walkeep on {db}, {args.workers} web process(es)"
+        f"{args.seconds:.0f} s each in {args.rounds} alternating rounds; walkeep on {db}, "
+        f"{args.workers} web process(es)"
     )
-    print(f"ceiling (do-nothing store, same stack): {roof.line()}")
+    print(f"ceiling (do-nothing store, same stack): {top.line()}")
     print(f"walkeep store accepts:                  {burst.line()}")
     print(
         f"  ratio {ratio:.2f} of the ceiling (target >= {TARGET_RATIO[db]}): "
@@ -168,10 +177,9 @@ def main() -> None:
     )
     print(f"embedder alone, batches on one thread:  {embed_rate:.0f} texts/s")
     print(
-        f"walkeep sustained: {done} of {warm.accepted + burst.accepted} (with the warm-up's) "
-        f"landed and billed; {watch.at_mark} during the burst, {done - watch.at_mark} in the "
-        f"{drain:.1f} s after it: {sustained:.0f}/s "
-        f"({end_to_end:.0f}/s from the first accept to the last landing, burst included)"
+        f"walkeep sustained: {done} landed and billed (with the warm-ups'); "
+        f"{watch.at_mark} during the burst, {done - watch.at_mark} in the "
+        f"{drain:.1f} s after it: {sustained:.0f}/s"
     )
     print(
         f"  ratio {sustained / embed_rate:.2f} of the embedder (target >= {TARGET_SUSTAINED}): "
