@@ -129,3 +129,24 @@ def test_the_runtime_wires_its_embedder_to_its_pressure(rt: Runtime) -> None:
     embedder = rt.extras["embedder"]
     assert isinstance(embedder, MiniLMEmbedder)  # what the test settings ask for
     assert embedder.between_batches == rt.pressure.step_aside
+
+
+def test_processes_of_one_server_share_their_pressure(tmp_path, fake: FakeTime) -> None:  # type: ignore[no-untyped-def]
+    """``--workers N``: the web processes post saturation on a shared board and the
+    supervisor's completer, which serves no requests, steps aside for it."""
+    web = Pressure(monotonic=fake.monotonic, sleep=fake.sleep)
+    supervisor = Pressure(monotonic=fake.monotonic, sleep=fake.sleep)
+    web.share(tmp_path / "pressure")
+    supervisor.share(tmp_path / "pressure")
+    assert not supervisor.saturated()  # a fresh board: nothing posted
+    for _ in range(Pressure.SATURATED_AT - 1):
+        web.enter()
+    assert not supervisor.saturated()  # a few calls are not a burst, here either
+    web.enter()
+    assert supervisor.saturated()
+    supervisor.step_aside()
+    assert fake.slept and sum(fake.slept) >= Pressure.HOLD_SECONDS  # waited it out
+    assert not supervisor.saturated()
+    lone = Pressure(monotonic=fake.monotonic, sleep=fake.sleep)
+    web.enter()
+    assert not lone.saturated()  # not sharing the board: sees only its own requests

@@ -29,6 +29,7 @@ import logging
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -143,9 +144,15 @@ def web_app(settings: Settings) -> FastAPI:
         # STARTUP_FAILURE makes the supervisor stop them all and say so instead.
         log.exception("web process could not start")
         sys.exit(STARTUP_FAILURE)
+    rt.pressure.share(pressure_board(settings))
     app = create_app(rt, on_stop=InProcessWorker(rt, enabled=False).stop)
     freeze_start_up_heap()
     return app
+
+
+def pressure_board(settings: Settings) -> Path:
+    """Where the web processes post request pressure for the supervisor's completer."""
+    return settings.data_dir / "pressure"
 
 
 class Supervisor(Multiprocess):
@@ -208,6 +215,8 @@ def serve_many(
     worker.start()
     if rt.completer is not None:
         rt.completer.max_sleep = SUPERVISOR_POLL_SECONDS
+        # Steps aside while the web processes are saturated (walkeep/pressure.py).
+        rt.pressure.share(pressure_board(rt.settings))
         rt.completer.start()
     try:
         supervisor.run()  # until SIGINT/SIGTERM: web processes drain, then return
