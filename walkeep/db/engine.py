@@ -250,10 +250,13 @@ class Database:
 
         Why not a worker thread: a store is well under a millisecond of Python around
         one statement, and through a thread the loop and the thread passed the GIL back
-        and forth at every step. Four alternating runs of 16 clients on PostgreSQL, one
-        process: 370 stores/s through threads, 425 on the loop (median 457), 1.8–1.9 ms
-        of the process's CPU per store against 2.1–2.5. Each engine has its own pool;
-        the thread one still serves the worker threads (other tools, completion)."""
+        and forth at every step; and a round trip to a remote database would hold one of
+        the pool's 40 threads for its whole length, where here it holds nothing. On this
+        machine's loopback the difference is small: two servers driven in alternating
+        rounds with the ceiling (``bench/load.py``'s ``alternate``), 16 clients, one
+        process each: 0.37 of the ceiling on the loop against 0.35 and 0.36 through
+        threads. Each engine has its own pool; the thread one serves the worker threads
+        (other tools, completion)."""
         if not self.is_postgres:
             return fn()
         loop = asyncio.get_running_loop()
