@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -34,9 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from load import (
     LEGACY,
     MODERN,
+    Served,
     alternate,
     free_port,
-    freeze,
     scratch_database,
     start_walkeep,
     wait_healthy,
@@ -78,31 +77,7 @@ def serve(port: int) -> None:
     uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")).run()
 
 
-@dataclass
-class Ceiling:
-    """The do-nothing server, running, and the (unchecked) keys to drive it with."""
-
-    proc: subprocess.Popen[bytes]
-    port: int
-    keys: list[str]
-
-    @property
-    def mcp_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/mcp"
-
-    def pause(self) -> None:
-        freeze(self.proc, True)
-
-    def resume(self) -> None:
-        freeze(self.proc, False)
-
-    def stop(self) -> None:
-        self.resume()
-        self.proc.terminate()
-        self.proc.wait(30)
-
-
-def start(accounts: int) -> Ceiling:
+def start(accounts: int) -> Served:
     """Start the do-nothing server in a session of its own (``freeze`` stops it whole)."""
     port = free_port()
     proc = subprocess.Popen(
@@ -116,7 +91,7 @@ def start(accounts: int) -> Ceiling:
     except SystemExit:
         proc.kill()
         raise
-    return Ceiling(proc, port, [f"ceiling-{n}" for n in range(accounts)])
+    return Served(proc, port, [f"ceiling-{n}" for n in range(accounts)])
 
 
 def add_load_args(ap: argparse.ArgumentParser) -> None:

@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 import httpx
@@ -222,21 +222,8 @@ def combine(bursts: Sequence[Burst]) -> Burst:
     return out
 
 
-class Server(Protocol):
-    """A server a benchmark drives: where, with which keys, and how to freeze it."""
-
-    @property
-    def mcp_url(self) -> str: ...
-
-    keys: list[str]
-
-    def pause(self) -> None: ...
-
-    def resume(self) -> None: ...
-
-
 def alternate(
-    servers: Sequence[Server],
+    servers: Sequence[Served],
     *,
     rounds: int = 3,
     seconds: float = 15,
@@ -297,13 +284,11 @@ def drive(
 
 
 @dataclass
-class Walkeep:
-    """A ``walkeep serve`` started for a benchmark, and the API keys to drive it with."""
+class Served:
+    """A server a benchmark started in a session of its own, and the keys to drive it with."""
 
     proc: subprocess.Popen[bytes]
     port: int
-    data_dir: Path
-    db_url: str
     keys: list[str]
 
     @property
@@ -323,6 +308,14 @@ class Walkeep:
             self.proc.wait(30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+
+
+@dataclass
+class Walkeep(Served):
+    """A ``walkeep serve`` started for a benchmark: its data directory and database."""
+
+    data_dir: Path
+    db_url: str
 
 
 def walkeep_env(
@@ -381,4 +374,4 @@ def start_walkeep(
                 create_account(db, f"bench-{n}", credits_mc=ledger.usd_to_mc("10000")).api_key
             )
         db.dispose()
-    return Walkeep(proc, port, data_dir, url, keys)
+    return Walkeep(proc=proc, port=port, keys=keys, data_dir=data_dir, db_url=url)
