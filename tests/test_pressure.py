@@ -150,3 +150,16 @@ def test_processes_of_one_server_share_their_pressure(tmp_path, fake: FakeTime) 
     lone = Pressure(monotonic=fake.monotonic, sleep=fake.sleep)
     web.enter()
     assert not lone.saturated()  # not sharing the board: sees only its own requests
+
+
+def test_a_board_from_before_a_reboot_is_not_a_burst(tmp_path, fake: FakeTime) -> None:  # type: ignore[no-untyped-def]
+    """The monotonic clock restarts with the machine; a value posted before that is
+    ahead of now and must not keep completion waiting."""
+    board = tmp_path / "pressure"
+    before = Pressure(monotonic=lambda: 1_000_000.0)
+    before.share(board)
+    for _ in range(Pressure.SATURATED_AT):
+        before.enter()
+    after = Pressure(monotonic=fake.monotonic, sleep=fake.sleep)  # fake.now is 100 s
+    after.share(board)
+    assert not after.saturated()

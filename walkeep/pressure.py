@@ -88,7 +88,9 @@ class Pressure:
         if self._board is not None:
             posted = _BOARD.unpack_from(self._board, 0)[0]
             busy = posted if busy is None else max(busy, posted)
-        return busy is not None and self._monotonic() - busy < self.HOLD_SECONDS
+        # Never ahead of now: a board left by a server before a reboot (the clock restarts)
+        # must not read as a burst that is still going on.
+        return busy is not None and 0 <= self._monotonic() - busy < self.HOLD_SECONDS
 
     def step_aside(self) -> None:
         """Wait while requests saturate the process, within the bound above (and never
