@@ -13,8 +13,8 @@ import pytest
 import uvicorn
 
 from walkeep.backends.localnet import LocalChain, LocalNetwork
+from walkeep.backends.localnet.codec import EXTEND_FUNCTION, LOCAL_PACKAGE_ID, blob_id_for
 from walkeep.backends.localnet.devnet import create_devnet_app
-from walkeep.backends.localnet.engine import EXTEND_FUNCTION, LOCAL_PACKAGE_ID, blob_id_for
 from walkeep.clock import ManualClock
 
 EPOCH = 3600

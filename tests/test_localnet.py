@@ -26,10 +26,8 @@ from walkeep.backends.base import (
     PreparedTx,
 )
 from walkeep.backends.localnet import LocalBlobStore, LocalChain, LocalNetwork
-from walkeep.backends.localnet.engine import (
-    DB_FILE,
+from walkeep.backends.localnet.codec import (
     EXTEND_FUNCTION,
-    KEY_FILE,
     LOCAL_PACKAGE_ID,
     LOCAL_SYSTEM_OBJECT_ID,
     ExtendCall,
@@ -39,6 +37,7 @@ from walkeep.backends.localnet.engine import (
     sui_address,
     tx_digest,
 )
+from walkeep.backends.localnet.engine import DB_FILE, KEY_FILE
 from walkeep.backends.sui.ptb import decode_extend_tx
 from walkeep.clock import ManualClock
 from walkeep.errors import NotFound, RelayerUnavailable, ValidationError

@@ -9,15 +9,8 @@
 
 from walkeep.backends.localnet.blobstore import LocalBlobStore
 from walkeep.backends.localnet.chain import LocalChain
-from walkeep.backends.localnet.engine import (
-    LOCAL_PACKAGE_ID,
-    NETWORK,
-    LocalNetwork,
-    ObjectRecord,
-    TxRecord,
-    blob_id_for,
-    tx_digest,
-)
+from walkeep.backends.localnet.codec import LOCAL_PACKAGE_ID, blob_id_for, tx_digest
+from walkeep.backends.localnet.engine import NETWORK, LocalNetwork, ObjectRecord, TxRecord
 
 __all__ = [
     "LOCAL_PACKAGE_ID",

@@ -71,14 +71,8 @@ from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
 from walkeep.backends.base import ChainUnavailable
-from walkeep.backends.localnet.engine import (
-    LOCAL_PACKAGE_ID,
-    NETWORK,
-    LocalNetwork,
-    ObjectRecord,
-    blob_id_bytes,
-    normalize_address,
-)
+from walkeep.backends.localnet.codec import LOCAL_PACKAGE_ID, blob_id_bytes, normalize_address
+from walkeep.backends.localnet.engine import NETWORK, LocalNetwork, ObjectRecord
 from walkeep.backends.localnet.explorer import make_explorer_router
 from walkeep.backends.localnet.quilts import LocalPatch
 from walkeep.errors import NotFound, RelayerUnavailable, ValidationError

@@ -21,15 +21,13 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
+from walkeep.backends.localnet.codec import BLOB_TYPE, blob_id_to_u256, normalize_address
 from walkeep.backends.localnet.engine import (
-    BLOB_TYPE,
     NETWORK,
     AddressTx,
     LocalNetwork,
     ObjectRecord,
     TxRecord,
-    blob_id_to_u256,
-    normalize_address,
 )
 
 FROST_PER_WAL = 1_000_000_000

@@ -144,7 +144,7 @@ class QuiltStoreMixin:
             stored: tuple[BlobObject, bool, int | None] | None = None
             if not force:
                 # Imported here: engine imports this module to build LocalNetwork.
-                from walkeep.backends.localnet.engine import blob_id_for
+                from walkeep.backends.localnet.codec import blob_id_for
 
                 existing = self._net._already_certified(
                     c, blob_id_for(data), epoch, epochs, permanent
