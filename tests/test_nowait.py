@@ -248,18 +248,38 @@ def test_a_postgresql_store_awaits_its_statement_on_the_loop(rt, thread_hops: li
     acct = accounts.create_account(rt.db, "loop", credits_mc=ledger.usd_to_mc("10"))
     mcp = build_mcp(lambda: rt, transport="stdio", fixed_caller=Caller(acct.account_id))
     assert rt.relayer.health().ok  # a fresh probe, as a running server has: not refused
+    released_by: list[str] = []
+    guard = threading.Lock()
     with rt.db.engine.connect() as other:
+
+        def release(by: str) -> None:
+            with guard:
+                if not released_by:
+                    released_by.append(by)
+                    other.rollback()
+
         other.begin()
         other.execute(
             text("SELECT 1 FROM accounts WHERE id = :id FOR UPDATE"), {"id": acct.account_id}
         )
-        result = anyio.run(_store_while, mcp, lambda: None, other.rollback)
+        # Were the loop blocked, the coroutine could never let go: a timer does, and the
+        # test fails instead of hanging.
+        fallback = threading.Timer(20.0, release, ("timer",))
+        fallback.start()
+        try:
+            result = anyio.run(_store_while, mcp, lambda: None, lambda: release("the loop"))
+        finally:
+            fallback.cancel()
+    assert released_by == ["the loop"]
     assert not result.is_error, result  # type: ignore[attr-defined]
     assert result.structured_content["status"] == "storing"  # type: ignore[attr-defined]
     assert thread_hops == []
     with rt.db.read() as s:
         held, cost = s.execute(
-            text("SELECT a.held_mc, m.cost_mc FROM accounts a JOIN memories m ON m.id = :m"),
+            text(
+                "SELECT a.held_mc, m.cost_mc FROM memories m JOIN accounts a "
+                "ON a.id = m.account_id WHERE m.id = :m"
+            ),
             {"m": result.structured_content["memory_id"]},  # type: ignore[attr-defined]
         ).one()
     assert held == cost > 0  # held once
