@@ -72,7 +72,6 @@ def reconcile_renewals(
                     .where(RenewalItem.renewal_id == renewal_id)
                 )
             )
-        with rt.db.read() as s:
             tx_bytes = s.scalar(select(Renewal.tx_bytes).where(Renewal.id == renewal_id))
         if effects is None and tx_bytes and rt.chain.can_still_land(tx_bytes):
             report.waiting += 1  # signed and maybe in flight: judge it after it expires
