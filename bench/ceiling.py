@@ -26,6 +26,7 @@ from typing import Annotated
 from mcp.types import CallToolResult, TextContent
 from pydantic import Field
 
+from walkeep.api.serve import freeze_start_up_heap
 from walkeep.service.schemas import StoreResult
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -74,6 +75,7 @@ def serve(port: int) -> None:
     from starlette.routing import Route
 
     app.router.routes.append(Route("/healthz", lambda _r: PlainTextResponse("ok")))
+    freeze_start_up_heap()  # as `walkeep serve` does: no full-heap collections mid-burst
     uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")).run()
 
 

@@ -15,6 +15,8 @@ with distinct request ids until a deadline:
 from __future__ import annotations
 
 import contextlib
+import gc
+import itertools
 import json
 import os
 import secrets
@@ -25,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,31 +121,29 @@ def content(tag: str, cid: int, i: int) -> str:
     return f"client {cid} fact {i} of run {tag}: the build server is in rack {i % 40}"
 
 
-async def _sdk_loop(url: str, key: str, cid: int, until: float, burst: Burst) -> None:
+# One client's call: store (content, request_id) → None if accepted, else the error code.
+Call = Callable[[str, str], Awaitable[str | None]]
+
+
+@contextlib.asynccontextmanager
+async def _sdk_client(url: str, key: str, era: str) -> AsyncIterator[Call]:
+    del era  # the SDK negotiates its own revision
     async with (
         httpx2.AsyncClient(
             headers={"Authorization": f"Bearer {key}"}, timeout=httpx2.Timeout(60)
         ) as http,
         Client(streamable_http_client(url, http_client=http)) as c,  # type: ignore[arg-type]
     ):
-        i = 0
-        while time.monotonic() < until:
-            t0 = time.perf_counter()
-            r = await c.call_tool(
-                "store",
-                {"content": content(burst.tag, cid, i), "request_id": f"{burst.tag}c{cid}-{i}"},
-            )
-            dt = time.perf_counter() - t0
-            if r.is_error:
-                burst.errors.append(str((r.structured_content or {}).get("code")))
-            else:
-                burst.latencies.append(dt)
-            i += 1
+
+        async def call(text: str, request_id: str) -> str | None:
+            r = await c.call_tool("store", {"content": text, "request_id": request_id})
+            return str((r.structured_content or {}).get("code")) if r.is_error else None
+
+        yield call
 
 
-async def _wire_loop(
-    url: str, key: str, cid: int, until: float, burst: Burst, era: str = LEGACY
-) -> None:
+@contextlib.asynccontextmanager
+async def _wire_client(url: str, key: str, era: str) -> AsyncIterator[Call]:
     headers = {
         "Authorization": f"Bearer {key}",
         "Content-Type": "application/json",
@@ -154,14 +154,12 @@ async def _wire_loop(
         # Sessionless era: the envelope travels in _meta and the routing headers.
         headers |= {"Mcp-Method": "tools/call", "Mcp-Name": "store"}
     async with httpx.AsyncClient(headers=headers, timeout=60) as http:
-        i = 0
-        while time.monotonic() < until:
+        ids = itertools.count()
+
+        async def call(text: str, request_id: str) -> str | None:
             params: dict[str, object] = {
                 "name": "store",
-                "arguments": {
-                    "content": content(burst.tag, cid, i),
-                    "request_id": f"{burst.tag}w{cid}-{i}",
-                },
+                "arguments": {"content": text, "request_id": request_id},
             }
             if era == MODERN:
                 params["_meta"] = {
@@ -169,15 +167,24 @@ async def _wire_loop(
                     "io.modelcontextprotocol/clientCapabilities": {},
                     "io.modelcontextprotocol/clientInfo": {"name": "bench", "version": "1"},
                 }
-            body = {"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": params}
-            t0 = time.perf_counter()
+            body = {"jsonrpc": "2.0", "id": next(ids), "method": "tools/call", "params": params}
             r = (await http.post(url, json=body)).json()["result"]
-            dt = time.perf_counter() - t0
-            if r.get("isError"):
-                burst.errors.append(str(r["structuredContent"]["code"]))
-            else:
-                burst.latencies.append(dt)
-            i += 1
+            return str(r["structuredContent"]["code"]) if r.get("isError") else None
+
+        yield call
+
+
+async def _loop(call: Call, cid: int, until: float, burst: Burst) -> None:
+    i = 0
+    while time.monotonic() < until:
+        t0 = time.perf_counter()
+        error = await call(content(burst.tag, cid, i), f"{burst.tag}c{cid}-{i}")
+        dt = time.perf_counter() - t0
+        if error is None:
+            burst.latencies.append(dt)
+        else:
+            burst.errors.append(error)
+        i += 1
 
 
 async def _burst(
@@ -198,17 +205,29 @@ async def _burst(
 async def _run(
     url: str, keys: Sequence[str], clients: int, seconds: float, kind: str, era: str
 ) -> Burst:
+    """Open every client first, then start the clock: building an HTTP client (its TLS
+    context, certificates and all) blocks the generator's event loop for tens of
+    milliseconds, so sixteen built inside the window stalled its first 0.75 s — the
+    first calls of every round, of the ceiling and Walkeep alike, waited up to 0.9 s,
+    and those waits *were* the p99 (measured on a slow machine, per 250 ms of a burst)."""
     burst = Burst()
-    start = time.monotonic()
-    until = start + seconds
-    async with anyio.create_task_group() as tg:
-        for cid in range(clients):
-            key = keys[cid % len(keys)]
-            if kind == "wire":
-                tg.start_soon(_wire_loop, url, key, cid, until, burst, era)
-            else:
-                tg.start_soon(_sdk_loop, url, key, cid, until, burst)
-    burst.elapsed = time.monotonic() - start
+    open_client = _wire_client if kind == "wire" else _sdk_client
+    async with contextlib.AsyncExitStack() as stack:
+        calls = [
+            await stack.enter_async_context(open_client(url, keys[cid % len(keys)], era))
+            for cid in range(clients)
+        ]
+        # The generator's own full collections (its heap holds the MCP SDK, SQLAlchemy…)
+        # stopped every call in flight for ~120 ms every few seconds on a slow machine:
+        # its p99, not the server's. As `walkeep serve` does, take what exists out of sight.
+        gc.collect()
+        gc.freeze()
+        start = time.monotonic()
+        until = start + seconds
+        async with anyio.create_task_group() as tg:
+            for cid, call in enumerate(calls):
+                tg.start_soon(_loop, call, cid, until, burst)
+        burst.elapsed = time.monotonic() - start
     return burst
 
 
