@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import account
+from walkeep.pressure import Pressure
 from walkeep.service import completion, runway, store
 from walkeep.service.runtime import Runtime
 
@@ -136,3 +137,38 @@ def test_a_store_wakes_the_queue_thread_only_if_it_would_sleep_past_the_write(
         c._sleeping_until = None  # busy, not sleeping: nothing tells when it looks next
     c.submit("mem_due_in_2min_too", delay=120)
     assert c.pending() == 2
+
+
+def test_the_queue_thread_takes_no_work_while_requests_saturate_the_process(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Completion steps aside for a burst before it leases anything, not only between
+    embedding batches: each round's lease, upload and first batch used to run mid-burst."""
+    now = [100.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds  # the completer's waits move this clock, nothing else does
+
+    rt.pressure = Pressure(monotonic=lambda: now[0], sleep=sleep)
+    a = account(rt, credits=20)
+    for i in range(3):
+        store.store(rt, a, content=f"fact during a burst {i}", request_id=f"b{i}")
+    for _ in range(Pressure.SATURATED_AT):
+        rt.pressure.enter()  # a burst is in flight, as the web app counts it
+    burst_at = now[0]
+    rounds_at: list[float] = []
+    drain = completion.drain_due
+
+    def watched(rt_: Runtime, limit: int = completion.BATCH) -> completion.Drained:
+        rounds_at.append(now[0])
+        return drain(rt_, limit)
+
+    monkeypatch.setattr(completion, "drain_due", watched)
+    rt.completer = completion.Completer(rt)
+    rt.completer.start()
+    try:
+        assert rt.completer.wait_idle(30)
+    finally:
+        rt.completer.stop()
+    assert rounds_at and rounds_at[0] >= burst_at + Pressure.HOLD_SECONDS
+    assert _statuses(rt, a) == ["active"] * 3  # then it all lands

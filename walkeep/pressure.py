@@ -5,9 +5,10 @@ machine, during a burst of stores, that embedding took the CPU the requests need
 the completer used 2–3 ms of CPU per accepted store, beside about 5 ms for the store
 itself on the event loop (bench/store.py, per-thread CPU). Running it at the lowest
 priority (nice 19) only gives it the gaps, and on two cores the gaps are where the
-requests' other half runs. So the embedder, on whichever background thread runs it,
-calls :meth:`Pressure.step_aside` between batches (bootstrap wires the hook), which
-waits while the process is saturated.
+requests' other half runs. So background work calls :meth:`Pressure.step_aside`,
+which waits while the process is saturated: the completer before each round (before
+it leases anything), and the embedder between batches, on whichever background thread
+runs it (bootstrap wires that hook).
 
 Saturated means a request arrived to find ``SATURATED_AT`` or more in flight within the
 last ``HOLD_SECONDS``: a handful of concurrent calls from one agent is not a burst.

@@ -661,6 +661,12 @@ class Completer:
             worked = 0
             crashed = False
             try:
+                # Not while requests saturate the process (walkeep/pressure.py): stepping
+                # aside inside the embedder alone still let each round's lease, upload,
+                # first embedding batch and vector inserts run mid-burst — 28 % of the
+                # process's samples during a PostgreSQL burst (py-spy), on the cores the
+                # requests needed. Before the lease, so no write is held while it waits.
+                self.rt.pressure.step_aside()
                 worked = drain_due(self.rt).taken
             except Exception:
                 crashed = True
