@@ -1,20 +1,26 @@
 """walkeep.db.Prepared writes exactly what Session.execute writes (it runs the same compiled
-statement on SQLite's raw cursor, values through the same bind processors), keeps
-SQLAlchemy's exceptions, and applies a statement's literals and constant defaults."""
+statement on the driver's cursor, values through the same bind processors), keeps
+SQLAlchemy's exceptions, and applies a statement's literals and constant defaults; and
+Database.run_alone runs one as a transaction of its own, on a thread or on the loop."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 
+import anyio
 import pytest
-from sqlalchemy import insert, select, text
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import func, insert, select, text
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 from walkeep import ledger
-from walkeep.db import Database, Prepared
+from walkeep.db import Database, Prepared, is_outage
 from walkeep.db.models import Memory, WriteJob, table
 from walkeep.service import accounts
 from walkeep.service.store import _MEMORY_COLUMNS
+
+T = TypeVar("T")
 
 # The columns a store's claim sets on a new memory.
 _MEMORY_KEYS = _MEMORY_COLUMNS
@@ -94,3 +100,98 @@ def test_prepared_update_applies_its_literals_and_returns_rows(db: Database) -> 
             .returning(table(WriteJob).c.attempts)
         )
         assert bump.run(s, {}) == [(5,)]  # attempts started at its default, 0
+
+
+# --- Database.run_alone: one statement, a transaction of its own ---------------------------
+
+
+def _job_row(account_id: str, job_id: str) -> dict[str, object]:
+    now = datetime(2026, 12, 1, tzinfo=UTC)
+    return {
+        "id": job_id,
+        "account_id": account_id,
+        "namespace": "default",
+        "idempotency_key": f"k-{job_id}",
+        "ciphertext": b"\x00\x01",
+        "size_bytes": 2,
+        "epochs": 3,
+        "status": "pending",
+        "not_before": now,
+        "created_at": now,
+        "updated_at": now,
+    }
+
+
+_INSERT_JOB = Prepared(
+    insert(table(WriteJob)).returning(table(WriteJob).c.id, table(WriteJob).c.attempts),
+    keys=tuple(_job_row("a", "j")),
+)
+
+
+def _on(where: str, db: Database, fn: Callable[[], T]) -> T:
+    """Call ``fn`` on a worker thread's path or, as the MCP store does, on the event loop."""
+    if where == "thread":
+        return fn()
+
+    async def main() -> T:
+        return await db.on_loop(fn)
+
+    return anyio.run(main)
+
+
+@pytest.mark.parametrize("where", ["thread", "loop"])
+def test_run_alone_commits_its_statement_and_returns_its_rows(db: Database, where: str) -> None:
+    acct = accounts.create_account(db, f"alone-{where}", credits_mc=0).account_id
+    rows = _on(where, db, lambda: db.run_alone(_INSERT_JOB, _job_row(acct, f"job_{where}")))
+    assert [tuple(r) for r in rows] == [(f"job_{where}", 0)]  # RETURNING, with the default
+    with db.read() as s:  # committed: another connection sees it
+        assert s.scalar(select(WriteJob.idempotency_key).where(WriteJob.id == f"job_{where}")) == (
+            f"k-job_{where}"
+        )
+    with pytest.raises(IntegrityError):  # a duplicate surfaces as SQLAlchemy's error
+        _on(where, db, lambda: db.run_alone(_INSERT_JOB, _job_row(acct, f"job_{where}")))
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("where", ["thread", "loop"])
+def test_run_alone_gives_its_connection_back_as_it_took_it(db_url: str, where: str) -> None:
+    """PostgreSQL: the pooled connection is switched to autocommit for the one statement
+    only — a transaction on it afterwards still rolls back — and a connection found dead
+    is dropped, so the next call gets a live one."""
+    db = Database(db_url, pool_size=1, max_overflow=0)  # one connection: always the same
+    acct = accounts.create_account(db, f"pool-{where}", credits_mc=0).account_id
+    pid_of = Prepared(select(func.pg_backend_pid()))
+
+    def then_roll_back() -> int:
+        db.run_alone(_INSERT_JOB, _job_row(acct, f"job_first_{where}"))
+        with pytest.raises(RuntimeError), db.begin() as s:
+            Prepared(insert(table(WriteJob)), keys=tuple(_job_row("a", "j"))).run(
+                s, _job_row(acct, f"job_undone_{where}")
+            )
+            raise RuntimeError("roll it back")
+        return int(db.run_alone(pid_of, {})[0][0])
+
+    async def scenario() -> None:
+        # One event loop throughout: the loop's connections belong to it.
+        async def call(fn: Callable[[], T]) -> T:
+            return fn() if where == "thread" else await db.on_loop(fn)
+
+        pid = await call(then_roll_back)
+        with db.read() as s:
+            kept = set(s.scalars(select(WriteJob.id).where(WriteJob.account_id == acct)))
+        assert kept == {f"job_first_{where}"}  # the second insert was rolled back
+
+        killer = Database(db_url)
+        with killer.begin() as s:
+            s.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        killer.dispose()
+        with pytest.raises(OperationalError) as lost:
+            await call(lambda: db.run_alone(pid_of, {}))
+        assert is_outage(lost.value)  # SERVICE_UNAVAILABLE to a caller, not INTERNAL
+        assert int((await call(lambda: db.run_alone(pid_of, {})))[0][0]) != pid
+        await db.close_loop()
+
+    try:
+        anyio.run(scenario)
+    finally:
+        db.dispose()

@@ -34,10 +34,11 @@ import functools
 import logging
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 
-from sqlalchemy import CTE, Insert, bindparam, delete, insert, select, update
+from sqlalchemy import CTE, bindparam, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -68,6 +69,32 @@ CLAIM_TRIES = 3
 SETTLED = frozenset(
     {MemoryStatus.ACTIVE, MemoryStatus.PAUSED, MemoryStatus.NO_RENEW, MemoryStatus.EXPIRED}
 )
+
+
+@dataclass(slots=True)
+class Claimed:
+    """A memory as a store claims it: the row it inserts, and what the receipt says.
+
+    Plain, not an ORM ``Memory``: building one cost ~0.1 ms of instrumentation per store
+    on the event loop, for an object that is never loaded, flushed or refreshed."""
+
+    id: str
+    account_id: str
+    namespace: str
+    metadata_: dict[str, str]
+    size_bytes: int
+    content_hash: str
+    status: str
+    cost_mc: int
+    attempt: int
+    accepted_at: datetime
+    deadline_at: datetime
+    status_changed_at: datetime
+    job_id: str | None = None
+
+
+# A memory being accepted: just claimed, or a failed one retried (loaded, so ORM).
+AnyMemory = Memory | Claimed
 
 
 def hold_ref(memory_id: str, attempt: int) -> str:
@@ -247,7 +274,7 @@ def _claim(
     cost_mc: int,
     *,
     strict: bool = False,
-) -> tuple[Memory, float] | None:
+) -> tuple[Claimed, float] | None:
     """Claim the request id, check usage quotas and hold the price, atomically.
 
     Returns None if the request id already exists (a replay, or a racer won);
@@ -258,7 +285,7 @@ def _claim(
     now = rt.clock.now()
     memory_id = ids.new_memory_id()
     staged = _stage(rt, account_id, namespace, content)
-    memory = Memory(
+    memory = Claimed(
         id=memory_id,
         account_id=account_id,
         namespace=namespace,
@@ -303,7 +330,7 @@ def _claim(
 
 
 def _claim_at_once(
-    rt: Runtime, request: dict[str, object], memory: Memory, staged: object, now: datetime
+    rt: Runtime, request: dict[str, object], memory: Claimed, staged: object, now: datetime
 ) -> bool:
     """PostgreSQL: the whole claim — request row, write job, memory, usage quotas, hold and
     its ledger entry — as ONE statement in autocommit. The account's row lock is then
@@ -338,9 +365,8 @@ def _claim_at_once(
         **{f"m_{k}": v for k, v in _row(memory).items()},
     }
     try:
-        with rt.db.autocommit() as conn:
-            if conn.execute(_claim_statement(tuple(job)), params).first() is not None:
-                return True
+        if rt.db.run_alone(_claim_statement(tuple(job)), params):
+            return True
     except BaseException:
         memory.job_id, memory.status = None, MemoryStatus.ACCEPTING
         raise
@@ -349,7 +375,7 @@ def _claim_at_once(
 
 
 @functools.cache
-def _claim_statement(job_columns: tuple[str, ...]) -> Insert:
+def _claim_statement(job_columns: tuple[str, ...]) -> Prepared:
     """``_claim_at_once``'s statement (built once per set of job columns):
 
     WITH reserve AS (UPDATE accounts … RETURNING balance_mc, held_mc),
@@ -371,7 +397,7 @@ def _claim_statement(job_columns: tuple[str, ...]) -> Insert:
         insert_from(Memory, _MEMORY_COLUMNS, "m_", "mem"),
     )
     entry = ledger.hold_entry_from(reserve)
-    return entry.add_cte(*parts).returning(table(LedgerEntry).c.id)
+    return Prepared(entry.add_cte(*parts).returning(table(LedgerEntry).c.id))
 
 
 _REQUEST_COLUMNS = (
@@ -386,7 +412,7 @@ _REQUEST_COLUMNS = (
 )
 
 
-def _row(m: Memory) -> dict[str, object]:
+def _row(m: Claimed) -> dict[str, object]:
     """The new memory's row, keyed by column (for ``_INSERT_MEMORY``)."""
     return {c: getattr(m, "metadata_" if c == "metadata" else c) for c in _MEMORY_COLUMNS}
 
@@ -415,7 +441,7 @@ _INSERT_MEMORY = Prepared(insert(table(Memory)), keys=_MEMORY_COLUMNS)
 
 def _reclaim_failed(
     rt: Runtime, memory: Memory, fp: str, content: str, cost_mc: int
-) -> tuple[Memory, float] | None:
+) -> tuple[AnyMemory, float] | None:
     """Retry a terminally failed store under the same request_id (never poisoned)."""
     now = rt.clock.now()
     attempt = memory.attempt + 1
@@ -465,7 +491,7 @@ def _stage(rt: Runtime, account_id: str, namespace: str, content: str) -> object
 
 
 def _accept_in(
-    rt: Runtime, sess: Session, memory: Memory, staged: object | None, attempt: int
+    rt: Runtime, sess: Session, memory: AnyMemory, staged: object | None, attempt: int
 ) -> None:
     if staged is None:
         return
@@ -481,7 +507,7 @@ def _due_in(staged: object | None) -> float:
 
 
 def _accept(
-    rt: Runtime, memory: Memory, due_in: float, content: str, *, attempt: int
+    rt: Runtime, memory: AnyMemory, due_in: float, content: str, *, attempt: int
 ) -> StoreResult:
     """Hand the write to the relayer; on failure undo the claim so nothing is billed.
 
@@ -528,7 +554,7 @@ def _accept(
 
 def fail_attempt(
     sess: Session,
-    memory: Memory,
+    memory: AnyMemory,
     attempt: int,
     reason: str,
     now: datetime,
@@ -558,7 +584,7 @@ def fail_attempt(
     return True
 
 
-def _undo_claim(rt: Runtime, memory: Memory, attempt: int, reason: str) -> None:
+def _undo_claim(rt: Runtime, memory: AnyMemory, attempt: int, reason: str) -> None:
     """The relayer refused the write: bill nothing. A first attempt leaves no trace
     (the same request_id simply retries); a retry goes back to failed."""
     now = rt.clock.now()
@@ -659,7 +685,7 @@ def _content_hash(content: str) -> str:
     return hashlib.sha256(content.encode("utf-8")).hexdigest()
 
 
-def _result(memory: Memory, status: str, note: str) -> StoreResult:
+def _result(memory: AnyMemory, status: str, note: str) -> StoreResult:
     return StoreResult(
         memory_id=memory.id,
         status=status,  # type: ignore[arg-type]
