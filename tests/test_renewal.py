@@ -5,11 +5,12 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, insert, select, text
 
 from tests.conftest import ON_PG
 from tests.helpers import account, epoch_seconds, land_all, writes_in_order
 from walkeep import ledger, pricing
+from walkeep.db import Prepared
 from walkeep.db.models import Account, Blob, LedgerEntry, Memory, Renewal, RenewalItem
 from walkeep.errors import ConfigurationError
 from walkeep.lifecycle import BlobStatus, MemoryStatus
@@ -470,3 +471,68 @@ def test_a_sweep_locks_lapsing_memories_before_their_accounts(rt: Runtime, clock
     assert updated.index("memories") < updated.index("accounts"), updated
     with rt.db.read() as s:  # and the bytes were released all the same
         assert s.scalar(select(Account.usage_bytes).where(Account.id == a)) == 0
+
+
+@pytest.mark.postgres
+def test_the_due_scan_probes_each_blob_whatever_the_statistics(rt: Runtime, clock) -> None:  # type: ignore[no-untyped-def]
+    """PostgreSQL: "does this blob hold an active memory?" stays one probe of
+    (blob_pk, status) per due blob, even when the planner's statistics predate a burst
+    of inserts. As EXISTS it became a semi-join over every active memory, once per blob
+    (auto_explain during bench/renew.py: 16-50 ms per batch, growing with the pass)."""
+    a = account(rt, credits=10)
+    now = clock.now()
+    with rt.db.begin() as s:
+        s.execute(text("ANALYZE memories"))  # statistics of an (almost) empty table
+        pks = s.scalars(
+            insert(Blob).returning(Blob.id),
+            [
+                {
+                    "account_id": a,
+                    "blob_id": f"blob{i}",
+                    "blob_object_id": f"0x{i:064x}",
+                    "size_bytes": 10,
+                    "storage_size": 1000,
+                    "registered_epoch": 0,
+                    "end_epoch": 2,
+                    "status": BlobStatus.LIVE,
+                    "created_at": now,
+                    "updated_at": now,
+                }
+                for i in range(3000)
+            ],
+        ).all()
+        s.execute(
+            insert(Memory),
+            [
+                {
+                    "id": f"mem_stats{i:05d}",
+                    "account_id": a,
+                    "namespace": "default",
+                    "metadata_": {},
+                    "size_bytes": 10,
+                    "content_hash": f"{i:064d}",
+                    "status": MemoryStatus.ACTIVE,
+                    "blob_pk": pk,
+                    "cost_mc": 1,
+                    "attempt": 1,
+                    "accepted_at": now,
+                    "deadline_at": now,
+                    "stored_at": now,
+                    "status_changed_at": now,
+                }
+                for i, pk in enumerate(pks)
+            ],
+        )
+    with rt.db.read() as s:
+        conn = s.connection()
+        sql, values = Prepared(renew._due_query(rt, 1, now, None)).bind(conn.dialect, {})
+        (plan,) = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + sql, values).scalar_one()
+
+    def nodes(node: dict) -> list[dict]:  # type: ignore[type-arg]
+        return [node, *(n for child in node.get("Plans", []) for n in nodes(child))]
+
+    memory_scans = [n for n in nodes(plan["Plan"]) if n.get("Relation Name") == "memories"]
+    assert memory_scans and all(
+        n.get("Index Name") == "ix_memories_blob_pk_status" for n in memory_scans
+    ), memory_scans
+    assert not any("Semi" in n.get("Join Type", "") for n in nodes(plan["Plan"]))

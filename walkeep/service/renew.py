@@ -43,9 +43,9 @@ from sqlalchemy import (
     Update,
     bindparam,
     case,
-    exists,
     func,
     insert,
+    literal,
     select,
     text,
     tuple_,
@@ -310,7 +310,18 @@ def _due_query(rt: Runtime, current: int, now: datetime, after: _Cursor | None):
     """
     threshold = rt.settings.renew_threshold_epochs
     b, m = _BLOBS.c, _MEMORIES.c
-    active = exists().where(m.blob_pk == b.id, m.status == MemoryStatus.ACTIVE)
+    # "Does this blob hold an active memory?": one probe of (blob_pk, status) per blob. As
+    # EXISTS, PostgreSQL may turn it into a semi-join and, with statistics from before a
+    # burst of inserts (memories "2 rows"), scan every active memory once per blob:
+    # 16-50 ms per batch, growing with the pass (auto_explain, bench/renew.py). A LIMIT
+    # keeps the subquery a per-row probe whatever the statistics say.
+    active = (
+        select(literal(1))
+        .where(m.blob_pk == b.id, m.status == MemoryStatus.ACTIVE)
+        .limit(1)
+        .scalar_subquery()
+        .is_not(None)
+    )
     q = (
         select(
             b.id,
