@@ -20,6 +20,7 @@ from typing import Literal
 
 from walkeep.backends.b58 import b58decode, b58encode
 from walkeep.backends.base import ChainRejected
+from walkeep.backends.bcsio import BcsReader, BcsWriter
 from walkeep.clock import Clock
 
 
@@ -130,74 +131,6 @@ def from_us(us: int) -> datetime:
 # --- canonical transaction bytes (BCS-like) --------------------------------------------------
 
 
-class _Writer:
-    def __init__(self) -> None:
-        self.buf = bytearray()
-
-    def uleb(self, n: int) -> None:
-        while True:
-            byte = n & 0x7F
-            n >>= 7
-            self.buf.append(byte | (0x80 if n else 0))
-            if not n:
-                return
-
-    def u8(self, n: int) -> None:
-        self.buf += n.to_bytes(1, "little")
-
-    def u32(self, n: int) -> None:
-        self.buf += n.to_bytes(4, "little")
-
-    def u64(self, n: int) -> None:
-        self.buf += n.to_bytes(8, "little")
-
-    def raw(self, b: bytes) -> None:
-        self.buf += b
-
-    def address(self, a: str) -> None:
-        self.buf += bytes.fromhex(a[2:])
-
-
-class _Reader:
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.pos = 0
-
-    def take(self, n: int) -> bytes:
-        if self.pos + n > len(self.data):
-            raise ValueError("truncated transaction bytes")
-        out = self.data[self.pos : self.pos + n]
-        self.pos += n
-        return out
-
-    def uleb(self) -> int:
-        value, shift = 0, 0
-        while True:
-            byte = self.take(1)[0]
-            value |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                return value
-            shift += 7
-            if shift > 63:
-                raise ValueError("ULEB128 overflow")
-
-    def u8(self) -> int:
-        return self.take(1)[0]
-
-    def u32(self) -> int:
-        return int.from_bytes(self.take(4), "little")
-
-    def u64(self) -> int:
-        return int.from_bytes(self.take(8), "little")
-
-    def address(self) -> str:
-        return "0x" + self.take(32).hex()
-
-    def done(self) -> None:
-        if self.pos != len(self.data):
-            raise ValueError("trailing bytes after the transaction")
-
-
 _CALL = struct.Struct("<32sQI")  # object id, version, epochs
 
 
@@ -239,7 +172,7 @@ class DecodedTx:
 
 
 def encode_tx(tx: DecodedTx) -> bytes:
-    w = _Writer()
+    w = BcsWriter()
     w.uleb(0)
     w.uleb(_KIND_TAG[tx.kind])
     w.address(tx.sender)
@@ -262,7 +195,7 @@ def encode_tx(tx: DecodedTx) -> bytes:
 
 def decode_tx(data: bytes) -> DecodedTx:
     """Parse ``tx_bytes``; ValueError if they are not a local transaction."""
-    r = _Reader(data)
+    r = BcsReader(data)
     if r.uleb() != 0:
         raise ValueError("unknown TransactionData version")
     tag = r.uleb()

@@ -29,6 +29,7 @@ from pysui.sui.sui_bcs import bcs
 from pysui.sui.sui_common.txn_transaction_builder import ProgrammableTransactionBuilder
 
 from walkeep.backends.b58 import b58decode, b58encode
+from walkeep.backends.bcsio import BcsError, BcsReader, BcsWriter
 from walkeep.backends.sui.codec import normalize_address, pure_u32
 
 # Sui protocol caps (protocol config): 1024 commands and 2048 input objects per
@@ -315,7 +316,7 @@ def decode_extend_tx(tx_bytes: bytes | str) -> DecodedExtend:
     raw = base64.b64decode(tx_bytes) if isinstance(tx_bytes, str) else bytes(tx_bytes)
     try:
         tx = _read_fast(raw)
-    except _Unsupported:
+    except BcsError:  # not renewal-shaped (or not BCS at all): pysui decides
         tx = _read_pysui(raw)
     return _summarize(tx)
 
@@ -442,7 +443,7 @@ def _summarize(tx: _Tx) -> DecodedExtend:
 # --- direct BCS for the renewal shape (hot path: 200 calls per batch) ----------------------
 
 
-class _Unsupported(Exception):
+class _Unsupported(BcsError):
     """Bytes the direct reader does not cover; pysui's deserializer decides."""
 
 
@@ -450,47 +451,10 @@ _ARGS = ("GasCoin", "Input", "Result", "NestedResult")
 _CALL_ARG_OBJECTS = ("ImmOrOwnedObject", "SharedObject", "Receiving")
 
 
-class _R:
-    __slots__ = ("data", "pos")
+class _R(BcsReader):
+    """The renewal reader: BCS primitives, plus Sui's digests and PTB arguments."""
 
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.pos = 0
-
-    def take(self, n: int) -> bytes:
-        end = self.pos + n
-        if end > len(self.data):
-            raise _Unsupported
-        out = self.data[self.pos : end]
-        self.pos = end
-        return out
-
-    def uleb(self) -> int:
-        pos = self.pos
-        if pos < len(self.data) and self.data[pos] < 0x80:  # one byte: the common case
-            self.pos = pos + 1
-            return self.data[pos]
-        value = shift = 0
-        while True:
-            b = self.take(1)[0]
-            value |= (b & 0x7F) << shift
-            if not b & 0x80:
-                return value
-            shift += 7
-            if shift > 28:
-                raise _Unsupported
-
-    def u16(self) -> int:
-        return int.from_bytes(self.take(2), "little")
-
-    def u64(self) -> int:
-        return int.from_bytes(self.take(8), "little")
-
-    def addr(self) -> str:
-        return "0x" + self.take(32).hex()
-
-    def string(self) -> str:
-        return self.take(self.uleb()).decode("ascii")
+    __slots__ = ()
 
     def digest(self) -> None:
         if self.uleb() != 32:
@@ -525,7 +489,7 @@ def _read_fast(raw: bytes) -> _Tx:
         obj = r.uleb()
         if obj not in (0, 1, 2):
             raise _Unsupported
-        oid, version = r.addr(), r.u64()
+        oid, version = r.address(), r.u64()
         if obj == 1:
             flag = r.take(1)[0]
             if flag > 1:
@@ -538,7 +502,7 @@ def _read_fast(raw: bytes) -> _Tx:
     for _ in range(r.uleb()):
         tag = r.uleb()
         if tag == 0:  # MoveCall
-            package, module, function = r.addr(), r.string(), r.string()
+            package, module, function = r.address(), r.string(), r.string()
             if r.uleb() != 0:  # type arguments: not in a renewal
                 raise _Unsupported
             args = tuple(r.argument() for _ in range(r.uleb()))
@@ -553,13 +517,13 @@ def _read_fast(raw: bytes) -> _Tx:
             commands.append(_Command("SplitCoins" if tag == 2 else "MergeCoins"))
         else:
             raise _Unsupported
-    sender = r.addr()
+    sender = r.address()
     gas: list[str] = []
     for _ in range(r.uleb()):
-        gas.append(r.addr())
+        gas.append(r.address())
         r.u64()
         r.digest()
-    r.addr()  # gas owner
+    r.address()  # gas owner
     r.u64()  # price
     budget = r.u64()
     exp_tag = r.uleb()
@@ -574,33 +538,13 @@ def _read_fast(raw: bytes) -> _Tx:
     return _Tx(sender, tuple(inputs), tuple(commands), expiration, budget, tuple(gas))
 
 
-class _W:
-    __slots__ = ("buf",)
+class _W(BcsWriter):
+    """The renewal writer: BCS primitives, plus owned-object refs and input arguments."""
 
-    def __init__(self) -> None:
-        self.buf = bytearray()
-
-    def uleb(self, n: int) -> None:
-        if n < 0x80:
-            self.buf.append(n)
-            return
-        while True:
-            b = n & 0x7F
-            n >>= 7
-            self.buf.append(b | (0x80 if n else 0))
-            if not n:
-                return
-
-    def u64(self, n: int) -> None:
-        self.buf += n.to_bytes(8, "little")
+    __slots__ = ()
 
     def addr(self, a: str) -> None:
-        self.buf += bytes.fromhex(normalize_address(a)[2:])
-
-    def string(self, text: str) -> None:
-        raw = text.encode("ascii")
-        self.uleb(len(raw))
-        self.buf += raw
+        self.address(normalize_address(a))
 
     def owned(self, ref: ObjectRef) -> None:
         self.addr(ref.object_id)
