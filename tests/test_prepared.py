@@ -74,37 +74,6 @@ def test_prepared_keeps_sqlalchemys_integrity_error(db: Database) -> None:
         prepared.run(s, _memory_row(acct.account_id, "mem_once"))
 
 
-def test_prepared_update_applies_its_literals_and_returns_rows(db: Database) -> None:
-    acct = accounts.create_account(db, "literals", credits_mc=ledger.usd_to_mc("1"))
-    now = datetime(2026, 12, 1, tzinfo=UTC)
-    job = {
-        "id": "job_prepared",
-        "account_id": acct.account_id,
-        "namespace": "default",
-        "idempotency_key": "k-prepared",
-        "ciphertext": b"\x00\x01",
-        "size_bytes": 2,
-        "epochs": 3,
-        "status": "pending",
-        "not_before": now,
-        "created_at": now,
-        "updated_at": now,
-    }
-    with db.begin() as s:
-        Prepared(insert(table(WriteJob)), keys=tuple(job)).run(s, job)
-        bump = Prepared(
-            table(WriteJob)
-            .update()
-            .where(table(WriteJob).c.id == job["id"])
-            .values(attempts=table(WriteJob).c.attempts + 5)  # 5: an anonymous literal
-            .returning(table(WriteJob).c.attempts)
-        )
-        assert bump.run(s, {}) == [(5,)]  # attempts started at its default, 0
-
-
-# --- Database.run_alone: one statement, a transaction of its own ---------------------------
-
-
 def _job_row(account_id: str, job_id: str) -> dict[str, object]:
     now = datetime(2026, 12, 1, tzinfo=UTC)
     return {
@@ -120,6 +89,24 @@ def _job_row(account_id: str, job_id: str) -> dict[str, object]:
         "created_at": now,
         "updated_at": now,
     }
+
+
+def test_prepared_update_applies_its_literals_and_returns_rows(db: Database) -> None:
+    acct = accounts.create_account(db, "literals", credits_mc=ledger.usd_to_mc("1"))
+    job = _job_row(acct.account_id, "job_prepared")
+    with db.begin() as s:
+        Prepared(insert(table(WriteJob)), keys=tuple(job)).run(s, job)
+        bump = Prepared(
+            table(WriteJob)
+            .update()
+            .where(table(WriteJob).c.id == job["id"])
+            .values(attempts=table(WriteJob).c.attempts + 5)  # 5: an anonymous literal
+            .returning(table(WriteJob).c.attempts)
+        )
+        assert bump.run(s, {}) == [(5,)]  # attempts started at its default, 0
+
+
+# --- Database.run_alone: one statement, a transaction of its own ---------------------------
 
 
 _INSERT_JOB = Prepared(

@@ -63,6 +63,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from walkeep.bcs import BcsError, BcsReader, BcsWriter
 from walkeep.pricing import N_SHARDS, encoded_blob_length
 
 MAX_PATCHES = 666
@@ -263,76 +264,36 @@ def quilt_storage_size(sizes: Sequence[int], n_shards: int = N_SHARDS) -> int:
 # --- index encoding ------------------------------------------------------------------------
 
 
-def _uleb(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def _lp(raw: bytes) -> bytes:
-    return _uleb(len(raw)) + raw
-
-
 def encode_index(slots: Sequence[PatchSlot]) -> bytes:
     """The index as stored in the first column(s): prefix + body (module docstring)."""
-    body = bytearray(_uleb(len(slots)))
+    w = BcsWriter()
+    w.uleb(len(slots))
     for s in slots:
-        body += _lp(s.identifier.encode("utf-8"))
-        body += struct.pack("<H", s.end_col) + _uleb(s.size)
-        body += _uleb(len(s.tags))
+        w.string(s.identifier)
+        w.u16(s.end_col)
+        w.uleb(s.size)
+        w.uleb(len(s.tags))
         for k, v in s.tags:
-            body += _lp(k.encode("utf-8")) + _lp(v.encode("utf-8"))
-    return _INDEX_PREFIX.pack(QUILT_VERSION, len(body)) + bytes(body)
-
-
-class _Reader:
-    def __init__(self, data: bytes) -> None:
-        self.data, self.pos = data, 0
-
-    def take(self, n: int) -> bytes:
-        if self.pos + n > len(self.data):
-            raise ValueError("quilt index truncated")
-        out = self.data[self.pos : self.pos + n]
-        self.pos += n
-        return out
-
-    def uleb(self) -> int:
-        n = shift = 0
-        while True:
-            byte = self.take(1)[0]
-            n |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                return n
-            shift += 7
-            if shift > 63:
-                raise ValueError("quilt index: integer too long")
-
-    def text(self) -> str:
-        try:
-            return self.take(self.uleb()).decode("utf-8")
-        except UnicodeDecodeError:
-            raise ValueError("quilt index: invalid UTF-8") from None
+            w.string(k)
+            w.string(v)
+    return _INDEX_PREFIX.pack(QUILT_VERSION, len(w.buf)) + bytes(w.buf)
 
 
 def _decode_body(body: bytes, index_cols: int) -> tuple[PatchSlot, ...]:
-    r = _Reader(body)
+    r = BcsReader(body)
     slots = []
     start = index_cols  # each patch starts where the previous one ended
-    for _ in range(r.uleb()):
-        identifier = r.text()
-        (end,) = struct.unpack("<H", r.take(2))
-        size = r.uleb()
-        tags = tuple((r.text(), r.text()) for _ in range(r.uleb()))
-        slots.append(PatchSlot(identifier, start, end, size, tags))
-        start = end
-    if r.pos != len(body):
-        raise ValueError("quilt index: trailing bytes")
+    try:
+        for _ in range(r.uleb()):
+            identifier = r.string()
+            end = r.u16()
+            size = r.uleb()
+            tags = tuple((r.string(), r.string()) for _ in range(r.uleb()))
+            slots.append(PatchSlot(identifier, start, end, size, tags))
+            start = end
+        r.done()
+    except BcsError as exc:
+        raise ValueError(f"quilt index: {exc}") from None
     return tuple(slots)
 
 

@@ -20,7 +20,7 @@ from typing import Literal
 
 from walkeep.backends.b58 import b58decode, b58encode
 from walkeep.backends.base import ChainRejected
-from walkeep.backends.bcsio import BcsReader, BcsWriter
+from walkeep.bcs import BcsReader, BcsWriter
 from walkeep.clock import Clock
 
 

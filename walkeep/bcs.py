@@ -3,8 +3,8 @@
 Two places need them where pysui's canoser types are too slow (a renewal's
 transaction carries hundreds of calls): the Sui adapter's direct renewal reader and
 writer (``sui/ptb.py``) and the local network's own transaction bytes
-(``localnet/codec.py``). ULEB128 here encodes lengths, counts and enum tags, all
-u32 in BCS, so a longer one is refused.
+(``localnet/codec.py``), and the quilt index Walkeep writes into a quilt's first
+columns (``quilt.py``). Strings are UTF-8 with a ULEB128 length.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class BcsWriter:
         self.buf += bytes.fromhex(a[2:])
 
     def string(self, text: str) -> None:
-        raw = text.encode("ascii")
+        raw = text.encode("utf-8")
         self.uleb(len(raw))
         self.buf += raw
 
@@ -83,8 +83,8 @@ class BcsReader:
             if not byte & 0x80:
                 return value
             shift += 7
-            if shift > 28:
-                raise BcsError("ULEB128 longer than a u32")
+            if shift > 63:
+                raise BcsError("ULEB128 longer than 64 bits")
 
     def u8(self) -> int:
         return self.take(1)[0]
@@ -102,7 +102,10 @@ class BcsReader:
         return "0x" + self.take(32).hex()
 
     def string(self) -> str:
-        return self.take(self.uleb()).decode("ascii")
+        try:
+            return self.take(self.uleb()).decode("utf-8")
+        except UnicodeDecodeError:
+            raise BcsError("a string that is not UTF-8") from None
 
     def done(self) -> None:
         if self.pos != len(self.data):

@@ -1,10 +1,10 @@
-"""The BCS primitives the Sui adapter's renewal codec and the local network share."""
+"""The BCS primitives the Sui renewal codec, the local network and the quilt index share."""
 
 from __future__ import annotations
 
 import pytest
 
-from walkeep.backends.bcsio import BcsError, BcsReader, BcsWriter
+from walkeep.bcs import BcsError, BcsReader, BcsWriter
 
 ULEBS = {0: "00", 127: "7f", 128: "8001", 300: "ac02", 2**32 - 1: "ffffffff0f"}
 
@@ -27,11 +27,13 @@ def test_values_round_trip_in_order() -> None:
     w.u64(2**64 - 1)
     w.address("0x" + "ab" * 32)
     w.string("extend_blob")
+    w.string("café ☕")
     w.raw(b"\x01\x02")
     r = BcsReader(bytes(w.buf))
     assert (r.u8(), r.u16(), r.u32(), r.u64()) == (7, 0x1234, 0xDEADBEEF, 2**64 - 1)
     assert r.address() == "0x" + "ab" * 32
     assert r.string() == "extend_blob"
+    assert r.string() == "café ☕"
     assert r.take(2) == b"\x01\x02"
     r.done()
 
@@ -39,8 +41,10 @@ def test_values_round_trip_in_order() -> None:
 def test_bad_bytes_are_refused_not_misread() -> None:
     with pytest.raises(BcsError, match="truncated"):
         BcsReader(b"\x01\x02").u32()
-    with pytest.raises(BcsError, match="u32"):
-        BcsReader(bytes.fromhex("ffffffffff01")).uleb()  # 35 bits: not a BCS length
+    with pytest.raises(BcsError, match="64 bits"):
+        BcsReader(bytes.fromhex("ff" * 10 + "01")).uleb()
+    with pytest.raises(BcsError, match="UTF-8"):
+        BcsReader(b"\x01\xff").string()
     r = BcsReader(b"\x00\x00")
     r.u8()
     with pytest.raises(BcsError, match="left over"):
