@@ -182,3 +182,47 @@ def test_run_alone_gives_its_connection_back_as_it_took_it(db_url: str, where: s
         anyio.run(scenario)
     finally:
         db.dispose()
+
+
+class _Cancelled(BaseException):
+    """As asyncio's CancelledError: not an Exception."""
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("failure", ["unusable", "cancelled"])
+def test_run_alone_never_pools_a_connection_it_could_not_restore(
+    db_url: str, failure: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If the connection cannot be switched back out of autocommit (broken, left
+    mid-statement, or the call cancelled meanwhile), it is dropped, not pooled: a later
+    session would otherwise commit its statements one by one."""
+    from walkeep.db import engine
+
+    db = Database(db_url, pool_size=1, max_overflow=0)
+    try:
+        pid_of = Prepared(select(func.pg_backend_pid()))
+        first = int(db.run_alone(pid_of, {})[0][0])
+
+        def fail(conn: object, *, on_loop: bool) -> bool:
+            if failure == "cancelled":
+                raise _Cancelled
+            return False
+
+        with monkeypatch.context() as m:
+            m.setattr(engine, "_autocommit_off", fail)
+            if failure == "cancelled":
+                with pytest.raises(_Cancelled):
+                    db.run_alone(pid_of, {})
+            else:
+                assert int(db.run_alone(pid_of, {})[0][0]) == first
+        assert int(db.run_alone(pid_of, {})[0][0]) != first  # a new connection
+        acct = accounts.create_account(db, f"restore-{failure}", credits_mc=0).account_id
+        with pytest.raises(RuntimeError), db.begin() as s:
+            Prepared(insert(table(WriteJob)), keys=tuple(_job_row("a", "j"))).run(
+                s, _job_row(acct, f"job_undone_{failure}")
+            )
+            raise RuntimeError("roll it back")
+        with db.read() as s:
+            assert s.scalar(select(func.count()).where(WriteJob.account_id == acct)) == 0
+    finally:
+        db.dispose()

@@ -368,11 +368,23 @@ class Database:
         sessions = self._sessions()
         sql, values = statement.bind(sessions.engine.dialect, params)
         pooled = sessions.engine.raw_connection()
+        conn: Any = pooled.driver_connection
         try:
-            conn: Any = pooled.driver_connection
-            if sessions.on_loop:
-                return await_(_alone_async(conn, sql, values))  # type: ignore[no-any-return]
-            return _alone(conn, sql, values)
+            try:
+                if sessions.on_loop:
+                    return await_(_alone_async(conn, sql, values))  # type: ignore[no-any-return]
+                return _alone(conn, sql, values)
+            finally:
+                # Back to transactions before the pool hands it out again — or never again:
+                # a pooled connection left in autocommit would commit a later session's
+                # statements one by one.
+                try:
+                    restored = _autocommit_off(conn, on_loop=sessions.on_loop)
+                except BaseException:  # cancelled while restoring: not reusable either
+                    pooled.invalidate()
+                    raise
+                if not restored:
+                    pooled.invalidate()
         except psycopg.Error as exc:
             lost = sessions.engine.dialect.is_disconnect(
                 exc,  # type: ignore[arg-type]
@@ -523,24 +535,31 @@ class Prepared:
 
 def _alone(conn: psycopg.Connection[Any], sql: str, values: Mapping[str, Any]) -> list[Any]:
     conn.autocommit = True
-    try:
-        cur = conn.execute(sql, values)
-        return cur.fetchall() if cur.description else []
-    finally:
-        if not conn.broken:
-            conn.autocommit = False  # as the pool hands its connections out
+    cur = conn.execute(sql, values)
+    return cur.fetchall() if cur.description else []
 
 
 async def _alone_async(
     conn: psycopg.AsyncConnection[Any], sql: str, values: Mapping[str, Any]
 ) -> list[Any]:
     await conn.set_autocommit(True)
+    cur = await conn.execute(sql, values)
+    return await cur.fetchall() if cur.description else []
+
+
+def _autocommit_off(conn: Any, *, on_loop: bool) -> bool:
+    """Switch a connection ``run_alone`` used back out of autocommit; False if it cannot
+    be (broken, or left mid-statement)."""
+    if conn.broken:
+        return False
     try:
-        cur = await conn.execute(sql, values)
-        return await cur.fetchall() if cur.description else []
-    finally:
-        if not conn.broken:
-            await conn.set_autocommit(False)
+        if on_loop:
+            await_(conn.set_autocommit(False))
+        else:
+            conn.autocommit = False
+    except Exception:
+        return False
+    return True
 
 
 def rowcount(result: Any) -> int:
