@@ -5,8 +5,9 @@ memories in all, so the account is not the whole table) by COPY, not through
 the service: plain blobs and 500-patch quilts; mostly active, 5% paused, 3%
 forgotten (no-renew), 0.1% still storing, 40 expired by the sweep and 20
 lapsed since the last sweep (kept, on a live blob past its end_epoch), so
-the 100 most at-risk reach into the still-paid memories. The
-``memory_counts`` triggers run during the COPY, as they would in production.
+the 100 most at-risk reach into the still-paid memories. The count triggers
+(``memory_counts`` per account, each blob's own counts) run during the COPY, as
+they would in production.
 Then, for each layout of the still-paid blobs' end epochs,
 
 - ``spread``: uniform over the next 53 epochs (53 runway buckets of ~18,000);
@@ -318,7 +319,7 @@ def run(args: argparse.Namespace, url: str) -> bool:
         conn.execute(text("VACUUM ANALYZE"))
     print(
         f"seeded {args.memories:,} memories in the account and {args.others:,} in 4 others "
-        f"(memory_counts triggers on) in {time.perf_counter() - t0:.0f}s; "
+        f"(count triggers on) in {time.perf_counter() - t0:.0f}s; "
         f"current epoch {rt.chain.current_epoch()}"
     )
     ok = all([measure(rt, target, layout, args.calls) for layout in args.layouts.split(",")])

@@ -51,8 +51,40 @@ def kept_counts(rt: Runtime) -> dict[str, dict[str, int]]:
     }
 
 
+BLOB_COLUMNS = {
+    MemoryStatus.ACTIVE: "active_memories",
+    MemoryStatus.PAUSED: "paused_memories",
+    MemoryStatus.NO_RENEW: "no_renew_memories",
+}
+
+
+def blob_recount(rt: Runtime) -> dict[int, dict[str, int]]:
+    """Every blob's memories per kept status, by counting the rows."""
+    out: dict[int, dict[str, int]] = {}
+    with rt.db.read() as s:
+        for blob_pk, status, n in s.execute(
+            select(Memory.blob_pk, Memory.status, text("count(*)"))
+            .where(Memory.blob_pk.is_not(None), Memory.status.in_(list(BLOB_COLUMNS)))
+            .group_by(Memory.blob_pk, Memory.status)
+        ):
+            out.setdefault(blob_pk, {})[BLOB_COLUMNS[MemoryStatus(status)]] = int(n)
+    return out
+
+
+def blob_counts(rt: Runtime) -> dict[int, dict[str, int]]:
+    """What the triggers keep on each blob (zero columns left out, like blob_recount)."""
+    cols = [getattr(Blob, c) for c in BLOB_COLUMNS.values()]
+    with rt.db.read() as s:
+        rows = s.execute(select(Blob.id, *cols)).all()
+    out = {
+        r[0]: {c: n for c, n in zip(BLOB_COLUMNS.values(), r[1:], strict=True) if n} for r in rows
+    }
+    return {pk: cols for pk, cols in out.items() if cols}
+
+
 def assert_exact(rt: Runtime) -> None:
     assert kept_counts(rt) == recount(rt)
+    assert blob_counts(rt) == blob_recount(rt)
 
 
 def brute_force(rt: Runtime, account_id: str) -> RunwayResult:
@@ -226,6 +258,86 @@ def test_every_trigger_insert_update_delete_keeps_counts_exact(rt: Runtime) -> N
     with rt.db.begin() as s:
         s.execute(delete(Memory))
     assert kept_counts(rt) == {} == recount(rt)
+
+
+def _blobs(rt: Runtime, account_id: str, n: int) -> list[int]:
+    now = rt.clock.now()
+    with rt.db.begin() as s:
+        return list(
+            s.scalars(
+                insert(Blob).returning(Blob.id, sort_by_parameter_order=True),
+                [
+                    {
+                        "account_id": account_id,
+                        "blob_id": f"trig{account_id[-6:]}{i}",
+                        "blob_object_id": f"0xtrig{account_id[-6:]}{i}",
+                        "size_bytes": 10,
+                        "storage_size": 1000,
+                        "registered_epoch": 0,
+                        "end_epoch": 10,
+                        "status": BlobStatus.LIVE,
+                        "created_at": now,
+                        "updated_at": now,
+                    }
+                    for i in range(n)
+                ],
+            )
+        )
+
+
+def test_every_trigger_keeps_each_blobs_counts_exact(rt: Runtime) -> None:
+    """The per-blob counts (migration 0013), trigger by trigger: memories inserted onto
+    blobs, one statement changing statuses across blobs, memories moved to another
+    blob (as compaction re-packs them) and off any blob, an update that changes
+    neither, deletes, and a rolled-back change."""
+    a = account(rt)
+    p1, p2, p3 = _blobs(rt, a, 3)
+    now = rt.clock.now()
+    plan = [(p1, "active")] * 4 + [(p1, "paused"), (p1, "storing"), (p2, "no-renew")]
+    plan += [(p2, "active"), (p2, "expired"), (p3, "failed"), (None, "active")]
+    rows = [_memory_row(a, st, pk, f"mem_blob{i:04d}", now) for i, (pk, st) in enumerate(plan)]
+    with rt.db.begin() as s:
+        s.execute(insert(Memory), rows)
+    assert_exact(rt)
+    assert blob_counts(rt) == {
+        p1: {"active_memories": 4, "paused_memories": 1},
+        p2: {"active_memories": 1, "no_renew_memories": 1},
+    }
+
+    with rt.db.begin() as s:  # one statement, two blobs, several transitions
+        s.execute(
+            update(Memory)
+            .where(Memory.status.in_(["active", "storing", "failed"]))
+            .values(status="paused")
+        )
+    assert_exact(rt)
+    assert blob_counts(rt)[p1] == {"paused_memories": 6}
+
+    with rt.db.begin() as s:  # re-packed: p1's memories move to p3, one leaves any blob
+        s.execute(update(Memory).where(Memory.blob_pk == p1).values(blob_pk=p3))
+        s.execute(update(Memory).where(Memory.id == "mem_blob0007").values(blob_pk=None))
+    assert_exact(rt)
+    assert p1 not in blob_counts(rt) and blob_counts(rt)[p3] == {"paused_memories": 7}
+
+    with rt.db.begin() as s:  # status and blob in one change; and a change of neither
+        s.execute(
+            update(Memory).where(Memory.id == "mem_blob0000").values(blob_pk=p2, status="no-renew")
+        )
+        s.execute(update(Memory).values(namespace="other"))
+    assert_exact(rt)
+
+    with rt.db.begin() as s:
+        s.execute(delete(Memory).where(Memory.blob_pk == p3, Memory.status == "paused"))
+    assert_exact(rt)
+
+    with pytest.raises(RuntimeError), rt.db.begin() as s:
+        s.execute(update(Memory).values(status="active", blob_pk=p1))
+        raise RuntimeError("roll back")
+    assert_exact(rt)
+
+    with rt.db.begin() as s:
+        s.execute(delete(Memory))
+    assert blob_counts(rt) == {} == blob_recount(rt)
 
 
 # --- the summary against brute force, over shapes chosen to take every path ---------------

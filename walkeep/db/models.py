@@ -173,6 +173,12 @@ class Blob(Base):
     pending_renewal_id: Mapped[int | None] = mapped_column(BigId, ForeignKey("renewals.id"))
     renew_not_before: Mapped[datetime | None]
     renew_failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Its memories per kept status, kept by triggers on memories (migration 0013): "holds
+    # an active memory" and the summary's lapsed counts read the blob alone. Never
+    # written by the application.
+    active_memories: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    paused_memories: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    no_renew_memories: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
 
@@ -182,8 +188,16 @@ class Blob(Base):
         Index(None, "status", "end_epoch", "id"),
         Index(None, "account_id", "blob_id"),
         # check_runway's summary: an account's live blobs in runway order, and its
-        # blobs past end_epoch that the sweep has not expired yet (ids off the index).
-        Index(None, "account_id", "status", "end_epoch", "id"),
+        # blobs past end_epoch that the sweep has not expired yet, with their counts
+        # (ids and sums off the index; migration 0013).
+        Index(
+            None,
+            "account_id",
+            "status",
+            "end_epoch",
+            "id",
+            postgresql_include=["active_memories", "paused_memories", "no_renew_memories"],
+        ),
         # Room for a renewal's lease as a HOT update (migration 0012).
         {"postgresql_with": {"fillfactor": 50}},
     )

@@ -19,7 +19,6 @@ from sqlalchemy import (
     any_,
     bindparam,
     cast,
-    exists,
     func,
     select,
     union_all,
@@ -67,15 +66,16 @@ def check_runway(rt: Runtime, account_id: str, memory_id: str | None = None) -> 
 def account_summary(s: Session, account_id: str, current: int) -> tuple[RunwaySummary, list[str]]:
     """The account's counts and the ids of its ``SUMMARY_LIST_MAX`` most at-risk memories,
     without reading every memory (issue 14): at most ~2 * sqrt(100 * n) index entries
-    (20,000 at a million) plus the sweep's backlog, however the account is spread.
+    (20,000 at a million) plus one blob row per blob in the sweep's backlog, however the
+    account is spread.
 
     Equal, by construction, to counting and sorting every listed memory's view:
 
     - counts per status come from ``memory_counts`` (kept exact by triggers);
     - a kept memory whose blob lapsed since the last sweep is shown ``expired``: those
       sit on the account's live (or orphan) blobs with end_epoch <= current, which the
-      sweep has not processed yet; they are counted (off the index) and moved out of
-      their status's count;
+      sweep has not processed yet; they are counted from those blobs' own counts
+      (kept by triggers too) and moved out of their status's count;
     - the list is ordered by (runway, memory_id), "no blob" last. Runway 0 is the
       expired memories and those lapsed ones; runway r > 0 the kept memories on live
       blobs ending at current + r (at most 53 values); no blob is ``storing``. The
@@ -91,7 +91,8 @@ def account_summary(s: Session, account_id: str, current: int) -> tuple[RunwaySu
     n = {st: int(getattr(row, col)) if row is not None else 0 for st, col in _COUNTED.items()}
     n[MemoryStatus.STORING] = int(s.scalar(_STORING_COUNT, p) or 0)
     n_kept = sum(n[st] for st in KEPT)
-    lapsed = {MemoryStatus(st): int(k) for st, k in s.execute(_LAPSED_COUNTS[_on_pg(s)], p)}
+    lapsed_row = s.execute(_LAPSED_COUNTS, p).one()
+    lapsed = {st: int(k) for st, k in zip(KEPT, lapsed_row, strict=True) if k}
     min_end = s.scalar(_MIN_ALIVE_END, p)
     summary = RunwaySummary(
         total_memories=sum(n.values()),
@@ -167,6 +168,8 @@ _COUNTED = {
     MemoryStatus.EXPIRED: "expired",
 }
 _ACCOUNT: BindParameter[str] = bindparam("p_account")
+# A blob's count of its memories in each KEPT status, in KEPT's order.
+_KEPT_COLUMNS = (_B.c.active_memories, _B.c.paused_memories, _B.c.no_renew_memories)
 _COUNTS = select(*(_C.c[col] for col in _COUNTED.values())).where(_C.c.account_id == _ACCOUNT)
 # Storing memories are not in memory_counts (migration 0011): at most the write backlog,
 # counted off the (account_id, status, id, blob_pk) index.
@@ -235,10 +238,10 @@ _LAPSED = _Group(
 )
 # Still paid for, ending at p_end.
 _BUCKET = _Group(_B.c.status == BlobStatus.LIVE, _B.c.end_epoch == bindparam("p_end"))
-# Lapsed memories per status: reads (blob_pk, status) only, off the index.
-_LAPSED_COUNTS = tuple(
-    _on_blobs([_M.c.status, func.count()], _LAPSED.blobs, pg).group_by(_M.c.status)
-    for pg in (False, True)
+# Lapsed memories per kept status (in KEPT's order): the lapsed blobs' own counts
+# (migration 0013), never a probe of memories per blob.
+_LAPSED_COUNTS = _LAPSED.blobs.with_only_columns(
+    *(func.coalesce(func.sum(c), 0) for c in _KEPT_COLUMNS)
 )
 # min_runway_epochs: the first still-paid blob holding an active or paused memory.
 _MIN_ALIVE_END = (
@@ -247,9 +250,7 @@ _MIN_ALIVE_END = (
         _B.c.account_id == _ACCOUNT,
         _B.c.status == BlobStatus.LIVE,
         _B.c.end_epoch > bindparam("p_current"),
-        exists().where(
-            _M.c.blob_pk == _B.c.id, _M.c.status.in_([MemoryStatus.ACTIVE, MemoryStatus.PAUSED])
-        ),
+        _B.c.active_memories + _B.c.paused_memories > 0,
     )
     .order_by(_B.c.end_epoch)
     .limit(1)
