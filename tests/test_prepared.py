@@ -65,6 +65,26 @@ def test_prepared_rows_are_the_rows_session_execute_writes(db: Database) -> None
         assert s.scalar(select(Memory.attempt).where(Memory.id == "mem_by_prepared")) == 2
 
 
+def test_prepared_follows_its_session_from_one_transaction_to_the_next(db: Database) -> None:
+    """A session that commits and goes on runs the next statement in its new transaction
+    (on its new connection), never on the one it remembered from the last: a rolled-back
+    second transaction leaves the first one's row alone and writes nothing."""
+    from sqlalchemy.orm import Session
+
+    acct = accounts.create_account(db, "prepared-txns", credits_mc=ledger.usd_to_mc("1"))
+    prepared = Prepared(insert(table(Memory)), keys=_MEMORY_KEYS)
+    with Session(db.engine) as s:
+        prepared.run(s, _memory_row(acct.account_id, "mem_first_txn"))
+        s.commit()
+        prepared.run(s, _memory_row(acct.account_id, "mem_second_txn"))
+        s.rollback()
+        prepared.run(s, _memory_row(acct.account_id, "mem_third_txn"))
+        s.commit()
+    with db.read() as s:
+        ids = set(s.scalars(select(Memory.id).where(Memory.account_id == acct.account_id)))
+    assert ids == {"mem_first_txn", "mem_third_txn"}
+
+
 def test_prepared_keeps_sqlalchemys_integrity_error(db: Database) -> None:
     acct = accounts.create_account(db, "dupes", credits_mc=0)
     prepared = Prepared(insert(table(Memory)), keys=_MEMORY_KEYS)

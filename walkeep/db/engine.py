@@ -485,12 +485,12 @@ class Prepared:
 
     def run(self, session: Session, params: Mapping[str, Any]) -> list[Any]:
         """Execute with ``params``; the rows it returned (RETURNING), as tuples."""
-        conn = session.connection()
-        if conn.dialect.name != "sqlite":
+        dialect, driver = _driver_of(session)
+        if driver is None:
             result = session.execute(self.statement, params)
             return list(result.all()) if getattr(result, "returns_rows", False) else []
-        sql, values = self.bind(conn.dialect, params)
-        cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        sql, values = self.bind(dialect, params)
+        cursor = driver.cursor()
         try:
             cursor.execute(sql, values)
             return cursor.fetchall()
@@ -531,6 +531,21 @@ class Prepared:
             {**fixed, **{c.key: c.default.arg for c in prefetch}},
         )
         return self._compiled[type(dialect)]
+
+
+def _driver_of(session: Session) -> tuple[Any, sqlite3.Connection | None]:
+    """The dialect of ``session``'s connection, and its SQLite driver connection (None on
+    any other database), remembered for the session's current transaction: a store runs
+    five ``Prepared`` statements in one, and ``Session.connection()`` cost as much Python
+    as SQLite's own work on each."""
+    txn = session.get_transaction()
+    known = session.info.get("walkeep_driver")
+    if known is not None and known[0] is txn:
+        return known[1], known[2]
+    conn = session.connection()
+    driver = conn.connection.driver_connection if conn.dialect.name == "sqlite" else None
+    session.info["walkeep_driver"] = (session.get_transaction(), conn.dialect, driver)
+    return conn.dialect, driver  # type: ignore[return-value]
 
 
 def _alone(conn: psycopg.Connection[Any], sql: str, values: Mapping[str, Any]) -> list[Any]:
