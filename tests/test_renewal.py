@@ -541,3 +541,98 @@ def test_the_due_scan_reads_blobs_alone_whatever_the_statistics(rt: Runtime, clo
     with rt.db.begin() as s:
         due = s.execute(renew._due_query(rt, 1, now, None)).all()
     assert len(due) == renew.batch_size(rt) and pks[0] not in {row.id for row in due}
+
+
+def test_a_failed_record_stops_the_pass_before_the_next_batch_reaches_the_chain(
+    rt: Runtime, clock, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Batch N is recorded on a thread while batch N+1 is claimed. If that record fails,
+    the error surfaces before N+1 is submitted: N+1 is left an unsubmitted intent, as a
+    crash before submit leaves one, and reconcile settles both — N (on chain) recorded
+    and billed once, N+1 (never sent) released."""
+    (a,) = _seed_due_blobs(rt, 4, accounts_n=1)
+    monkeypatch.setattr(rt.settings, "renew_batch", 2)
+    with rt.db.read() as s:
+        before = ledger.balance(s, a)
+
+    def lost_database(*_args, **_kwargs) -> bool:  # type: ignore[no-untyped-def]
+        raise RuntimeError("the database went away mid-record")
+
+    real_record = renew.record
+    monkeypatch.setattr(renew, "record", lost_database)
+    with pytest.raises(RuntimeError, match="mid-record"):
+        renew.renew(rt)
+    monkeypatch.setattr(renew, "record", real_record)
+
+    with rt.db.read() as s:
+        intents = s.execute(
+            select(Renewal.digest, Renewal.cost_mc)
+            .where(Renewal.status == "intent")
+            .order_by(Renewal.id)
+        ).all()
+    assert len(intents) == 2
+    first, second = intents
+    assert rt.chain.get_transaction(first.digest) is not None  # batch 1 went to the chain
+    assert rt.chain.get_transaction(second.digest) is None  # batch 2 never did
+
+    clock.advance(reconcile.INTENT_GRACE_SECONDS + 1)
+    rep = reconcile.reconcile_renewals(rt)
+    assert (rep.confirmed, rep.abandoned) == (1, 1)
+    with rt.db.read() as s:
+        after = ledger.balance(s, a)
+        assert after.held_mc == 0
+        assert after.balance_mc == before.balance_mc - first.cost_mc  # batch 1, once
+        assert ledger.recompute(s, a) == after
+    assert renew.renew(rt).blobs_renewed == 2  # batch 2's blobs, on the next pass
+
+
+@pytest.mark.postgres
+def test_multi_account_holds_and_captures_lock_accounts_in_id_order(rt: Runtime) -> None:
+    """A renewal batch's capture runs while the next batch's claim locks its accounts in
+    id order: the capture must take the same order whatever plan PostgreSQL picks, or
+    each could hold an account the other waits for. Here the second account's row comes
+    first in the table and the planner may only scan it in table order; another
+    transaction holds the first account. The capture must wait on the first account
+    holding nothing, so that the other transaction can still lock the second."""
+    import threading
+    import time
+
+    from sqlalchemy.exc import OperationalError
+
+    a, b = sorted(account(rt, credits=10) for _ in range(2))
+    with rt.db.begin() as s:
+        for ref, acct in (("h:a", a), ("h:b", b)):
+            ledger.hold(s, acct, 100, ref=ref)
+        s.execute(update(Account).where(Account.id == a).values(name=Account.name))  # moves a's row
+    done: list[object] = []
+
+    def capture() -> None:
+        try:
+            with rt.db.begin() as s:
+                s.execute(text("SET LOCAL enable_indexscan = off"))
+                s.execute(text("SET LOCAL enable_bitmapscan = off"))
+                done.extend(ledger.capture_many(s, [(a, "h:a"), (b, "h:b")]))
+        except Exception as exc:  # reported by the assertion below
+            done.append(exc)
+
+    with rt.db.engine.connect() as other:
+        other.execute(text("SELECT id FROM accounts WHERE id = :a FOR NO KEY UPDATE"), {"a": a})
+        worker = threading.Thread(target=capture)
+        worker.start()
+        waiting = text(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        deadline = time.monotonic() + 30
+        while not other.execute(waiting).scalar():  # until the capture waits on us
+            assert worker.is_alive() and time.monotonic() < deadline, done
+            other.execute(text("SELECT pg_stat_clear_snapshot()"))  # a fresh look each time
+        try:
+            other.execute(text("SET LOCAL lock_timeout = '5s'"))
+            other.execute(text("SELECT id FROM accounts WHERE id = :b FOR NO KEY UPDATE"), {"b": b})
+        except OperationalError as exc:
+            pytest.fail(f"the capture held the second account while waiting: {exc}")
+        finally:
+            other.rollback()
+        worker.join(30)
+    assert len(done) == 2 and all(isinstance(e, ledger.Entry) for e in done), done

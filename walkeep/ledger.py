@@ -32,6 +32,7 @@ from sqlalchemy import (
     BindParameter,
     ColumnElement,
     Insert,
+    Select,
     Update,
     bindparam,
     case,
@@ -497,7 +498,7 @@ def hold_new_many(
     delta = case({a: amount for a, amount, _ in holds}, value=_A.c.id)
     stmt = (
         update(_A)
-        .where(_A.c.id.in_(accounts), _A.c.balance_mc - _A.c.held_mc >= delta)
+        .where(_A.c.id.in_(_in_id_order(accounts)), _A.c.balance_mc - _A.c.held_mc >= delta)
         .values(held_mc=_A.c.held_mc + delta)
         .returning(_A.c.id, *_AFTER)
     )
@@ -542,7 +543,7 @@ def capture_many(
     delta = case(amounts, value=_A.c.id)
     stmt = (
         update(_A)
-        .where(_A.c.id.in_(accounts))
+        .where(_A.c.id.in_(_in_id_order(accounts)))
         .values(balance_mc=_A.c.balance_mc - delta, held_mc=_A.c.held_mc - delta)
         .returning(_A.c.id, *_AFTER)
     )
@@ -558,6 +559,21 @@ def capture_many(
 
 
 # --- internals ---------------------------------------------------------------------------
+
+
+def _in_id_order(accounts: Sequence[str]) -> Select[tuple[str]]:
+    """``accounts``, row-locked in id order (PostgreSQL) by the statement that selects
+    from this. An UPDATE of several accounts otherwise locks them in its plan's order —
+    on a sequential scan the table's physical order, which every update reshuffles — and
+    two such statements over the same accounts (a renewal batch's capture and the next
+    batch's claim, which overlap) could each hold a row the other waits for. The renewal
+    claim locks its accounts in id order too. SQLite has one writer: no row locks."""
+    return (
+        select(_A.c.id)
+        .where(_A.c.id.in_(accounts))
+        .order_by(_A.c.id)
+        .with_for_update(key_share=True)
+    )
 
 
 def _positive(amount_mc: int) -> None:

@@ -19,6 +19,14 @@ One pass (``renew``) repeats until nothing is due:
    last_renewal_tx, next_renewal_epoch, the renewal's cost, and the holds
    captured. A refused transaction releases the holds and backs off.
 
+Batch N's record runs on a thread of its own while batch N+1 is claimed (their
+round trips overlap: 100,000 blobs in 22-24 s instead of 26, bench/renew.py), one
+record in flight at a time, and N+1 goes to the chain only once N is recorded — a
+failed record stops the pass with N+1 an unsubmitted intent. Both lock their
+accounts in id order (the claim's lock, the ledger's ``_in_id_order``), so the
+overlap cannot deadlock on them; and a capture never changes what an account has
+available, so the claim's funding is the same either side of it.
+
 A crash between 1 and 3 leaves an intent. ``reconcile.reconcile_renewals`` asks the
 chain about its digest (and the blobs' end_epoch): applied → record and
 capture once; not applied → release. Never paid twice, never billed for an
@@ -34,6 +42,7 @@ import os
 import socket
 from collections import Counter, defaultdict
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -227,16 +236,29 @@ def _renew(rt: Runtime, *, max_batches: int | None, worker: str | None) -> Renew
     batches = 0
     cursor: _Cursor | None = None
     stop = rt.extras.get("stop")
-    while max_batches is None or batches < max_batches:
-        if stop is not None and stop.is_set():
-            break  # graceful shutdown: the batch in hand was recorded
-        current = rt.chain.current_epoch()
-        claim = _claim_batch(rt, current, worker, report, cursor)
-        if claim is None:
-            break
-        batches += 1
-        cursor = claim.cursor
-        _submit_and_record(rt, claim, report)
+    # Batch N is recorded on this thread pool while batch N+1 is claimed: the record's
+    # round trips overlap the claim's work (one record in flight at a time).
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="walkeep-record") as recorder:
+        recording: Future[bool] | None = None
+        while max_batches is None or batches < max_batches:
+            if stop is not None and stop.is_set():
+                break  # graceful shutdown: the batch in hand is recorded below
+            current = rt.chain.current_epoch()
+            claim = _claim_batch(rt, current, worker, report, cursor)
+            if claim is None:
+                break
+            batches += 1
+            cursor = claim.cursor
+            if recording is not None:
+                # Its errors surface here, before this batch goes to the chain: the
+                # batch is then left an unsubmitted intent, as a crash would leave it.
+                recording.result()
+                recording = None
+            effects = _submit(rt, claim, report)
+            if effects is not None:
+                recording = recorder.submit(record, rt, claim.renewal_id, effects, report)
+        if recording is not None:
+            recording.result()
     return report
 
 
@@ -528,9 +550,11 @@ def _backoff(failures: int) -> int:
     return min(3600, 30 * 2 ** min(failures, 7))
 
 
-def _submit_and_record(rt: Runtime, claim: _Claim, report: RenewReport) -> None:
+def _submit(rt: Runtime, claim: _Claim, report: RenewReport) -> TxEffects | None:
+    """Execute the claimed batch's transaction: its effects, or None if it was refused
+    (released and backed off here) or its outcome is unknown (reconcile settles it)."""
     if claim.prepared is None:
-        return
+        return None
     hooks = rt.extras.get("renew_hooks", {})
     if "before_submit" in hooks:
         hooks["before_submit"](claim)
@@ -540,17 +564,17 @@ def _submit_and_record(rt: Runtime, claim: _Claim, report: RenewReport) -> None:
         abandon(rt, claim.renewal_id, f"refused: {exc}", backoff=True)
         report.failed_transactions += 1
         metrics.RENEWAL_TXS.labels("refused").inc()
-        return
+        return None
     except (ChainUnavailable, ChainError, OSError) as exc:
         log.warning(
             "renewal %s outcome unknown (%s); reconcile will settle it", claim.prepared.digest, exc
         )
         report.unknown_outcome += 1
         metrics.RENEWAL_TXS.labels("unknown").inc()
-        return
+        return None
     if "after_submit" in hooks:
         hooks["after_submit"](claim)
-    record(rt, claim.renewal_id, effects, report)
+    return effects
 
 
 def record(
