@@ -636,3 +636,35 @@ def test_multi_account_holds_and_captures_lock_accounts_in_id_order(rt: Runtime)
             other.rollback()
         worker.join(30)
     assert len(done) == 2 and all(isinstance(e, ledger.Entry) for e in done), done
+
+
+def test_a_pass_that_fails_mid_claim_still_waits_for_the_batch_being_recorded(
+    rt: Runtime, monkeypatch, caplog
+) -> None:  # type: ignore[no-untyped-def]
+    """The next claim fails while batch 1 is being recorded: the pass ends with the
+    claim's error, after the record — and a record that failed too is logged, not lost
+    with its thread."""
+    import logging
+
+    _seed_due_blobs(rt, 4, accounts_n=1)
+    monkeypatch.setattr(rt.settings, "renew_batch", 2)
+    real_claim = renew._claim_batch
+    claims: list[int] = []
+
+    def second_claim_fails(*args, **kwargs):  # type: ignore[no-untyped-def]
+        claims.append(1)
+        if len(claims) == 2:
+            raise RuntimeError("claim failed")
+        return real_claim(*args, **kwargs)
+
+    def record_fails(*_args, **_kwargs) -> bool:  # type: ignore[no-untyped-def]
+        raise RuntimeError("record failed")
+
+    monkeypatch.setattr(renew, "_claim_batch", second_claim_fails)
+    monkeypatch.setattr(renew, "record", record_fails)
+    with (
+        caplog.at_level(logging.ERROR, logger="walkeep.service.renew"),
+        pytest.raises(RuntimeError, match="claim failed"),
+    ):
+        renew.renew(rt)
+    assert any("was not recorded" in r.getMessage() for r in caplog.records), caplog.text

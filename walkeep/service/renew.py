@@ -240,25 +240,32 @@ def _renew(rt: Runtime, *, max_batches: int | None, worker: str | None) -> Renew
     # round trips overlap the claim's work (one record in flight at a time).
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="walkeep-record") as recorder:
         recording: Future[bool] | None = None
-        while max_batches is None or batches < max_batches:
-            if stop is not None and stop.is_set():
-                break  # graceful shutdown: the batch in hand is recorded below
-            current = rt.chain.current_epoch()
-            claim = _claim_batch(rt, current, worker, report, cursor)
-            if claim is None:
-                break
-            batches += 1
-            cursor = claim.cursor
+        try:
+            while max_batches is None or batches < max_batches:
+                if stop is not None and stop.is_set():
+                    break  # graceful shutdown: the batch in hand is recorded below
+                current = rt.chain.current_epoch()
+                claim = _claim_batch(rt, current, worker, report, cursor)
+                if claim is None:
+                    break
+                batches += 1
+                cursor = claim.cursor
+                if recording is not None:
+                    # Its errors surface here, before this batch goes to the chain: the
+                    # batch is then left an unsubmitted intent, as a crash would leave it.
+                    done, recording = recording, None
+                    done.result()
+                effects = _submit(rt, claim, report)
+                if effects is not None:
+                    recording = recorder.submit(record, rt, claim.renewal_id, effects, report)
             if recording is not None:
-                # Its errors surface here, before this batch goes to the chain: the
-                # batch is then left an unsubmitted intent, as a crash would leave it.
-                recording.result()
-                recording = None
-            effects = _submit(rt, claim, report)
-            if effects is not None:
-                recording = recorder.submit(record, rt, claim.renewal_id, effects, report)
-        if recording is not None:
-            recording.result()
+                done, recording = recording, None
+                done.result()
+        finally:
+            # The pass failed with a record in flight: let it land, and say so if it
+            # did not (its intent waits for reconcile either way).
+            if recording is not None and (exc := recording.exception()) is not None:
+                log.error("a renewal batch was not recorded (reconcile settles it): %r", exc)
     return report
 
 
