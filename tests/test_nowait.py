@@ -94,11 +94,14 @@ def test_a_connection_switches_its_busy_timeout_only_when_the_caller_changes(
     one = Database(sqlite_db.url, pool_size=1, max_overflow=0)  # every begin: one connection
     pragmas: list[str] = []
 
-    def seen(_conn, _cursor, statement, *_args) -> None:  # type: ignore[no-untyped-def]
+    def seen(statement: str) -> None:  # every statement SQLite itself runs
         if statement.startswith("PRAGMA busy_timeout="):  # a switch, not a question
             pragmas.append(statement)
 
-    event.listen(one.engine, "before_cursor_execute", seen)
+    def trace(dbapi_conn: sqlite3.Connection, _record: object) -> None:
+        dbapi_conn.set_trace_callback(seen)
+
+    event.listen(one.engine, "connect", trace)
     try:
         for _ in range(3):  # the event loop's stores, back to back
             with nowait.no_wait(), one.begin() as s:

@@ -246,3 +246,88 @@ def test_run_alone_never_pools_a_connection_it_could_not_restore(
             assert s.scalar(select(func.count()).where(WriteJob.account_id == acct)) == 0
     finally:
         db.dispose()
+
+
+# --- Database.begin_direct: SQLite's claim transaction without a Session --------------
+
+
+def _ids(db: Database, account_id: str) -> set[str]:
+    with db.read() as s:
+        return set(s.scalars(select(Memory.id).where(Memory.account_id == account_id)))
+
+
+def test_begin_direct_commits_on_success_and_writes_nothing_on_error(
+    sqlite_db: Database,
+) -> None:
+    acct = accounts.create_account(sqlite_db, "direct", credits_mc=0).account_id
+    prepared = Prepared(insert(table(Memory)), keys=_MEMORY_KEYS)
+    with sqlite_db.begin_direct() as tx:
+        prepared.run(tx, _memory_row(acct, "mem_direct_one"))
+        prepared.run(tx, _memory_row(acct, "mem_direct_two"))
+    with pytest.raises(RuntimeError), sqlite_db.begin_direct() as tx:
+        prepared.run(tx, _memory_row(acct, "mem_direct_undone"))
+        raise RuntimeError("the caller changed its mind")
+    # A duplicate keeps SQLAlchemy's class and undoes the whole transaction.
+    with pytest.raises(IntegrityError), sqlite_db.begin_direct() as tx:
+        prepared.run(tx, _memory_row(acct, "mem_direct_three"))
+        prepared.run(tx, _memory_row(acct, "mem_direct_one"))
+    assert _ids(sqlite_db, acct) == {"mem_direct_one", "mem_direct_two"}
+    # The rows are the ones a Session would have written.
+    with sqlite_db.read() as s:
+        assert s.get(Memory, "mem_direct_one").metadata_ == {"topic": "café ☕", "empty": ""}  # type: ignore[union-attr]
+    # Its connection is not left in a transaction: a session writes beside it again.
+    with sqlite_db.begin() as s:
+        Prepared(insert(table(Memory)), keys=_MEMORY_KEYS).run(
+            s, _memory_row(acct, "mem_by_session")
+        )
+    assert "mem_by_session" in _ids(sqlite_db, acct)
+
+
+def test_begin_direct_refuses_a_no_wait_caller_while_the_write_lock_is_taken(
+    sqlite_db: Database,
+) -> None:
+    import sqlite3
+    import threading
+
+    from walkeep import nowait
+
+    held, release = threading.Event(), threading.Event()
+
+    def writer() -> None:
+        with sqlite_db.begin():
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        assert held.wait(10)
+        # This process's lock: refused with a way to hear when it is free.
+        with (
+            nowait.no_wait(),
+            pytest.raises(nowait.WouldWait) as refused,
+            sqlite_db.begin_direct(),
+        ):
+            raise AssertionError("must not get here while the lock is held")
+        assert refused.value.on_free is not None
+    finally:
+        release.set()
+        t.join()
+    # Another process's lock (a plain connection to the same file): refused at once.
+    assert sqlite_db.sqlite_path is not None
+    other = sqlite3.connect(sqlite_db.sqlite_path, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        with (
+            nowait.no_wait(),
+            pytest.raises(nowait.WouldWait, match="another process"),
+            sqlite_db.begin_direct(),
+        ):
+            raise AssertionError("must not get here while the file is locked")
+        other.execute("ROLLBACK")
+    finally:
+        other.close()
+    acct = accounts.create_account(sqlite_db, "after", credits_mc=0).account_id
+    with nowait.no_wait(), sqlite_db.begin_direct() as tx:  # free again: no refusal
+        Prepared(insert(table(Memory)), keys=_MEMORY_KEYS).run(tx, _memory_row(acct, "mem_ok"))
+    assert _ids(sqlite_db, acct) == {"mem_ok"}

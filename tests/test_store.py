@@ -373,25 +373,27 @@ def test_100_concurrent_distinct_stores_against_40_credits(rt: Runtime) -> None:
     assert _count(rt, Memory, Memory.status == "active") == 40
 
 
-def test_postgres_claims_in_one_statement_and_a_refusal_writes_nothing(
+def test_the_fast_claim_writes_everything_or_nothing_and_a_refusal_says_why(
     rt: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     outcomes: list[bool] = []
-    one_statement = store._claim_at_once
+    # PostgreSQL: one statement; SQLite: one transaction on the driver, without a Session.
+    name = "_claim_at_once" if rt.db.is_postgres else "_claim_direct"
+    fast = getattr(store, name)
 
     def spy(*args, **kwargs) -> bool:  # type: ignore[no-untyped-def]
-        outcomes.append(one_statement(*args, **kwargs))
+        outcomes.append(fast(*args, **kwargs))
         return outcomes[-1]
 
-    monkeypatch.setattr(store, "_claim_at_once", spy)
+    monkeypatch.setattr(store, name, spy)
     a = account(rt, credits=1)
     first = store.store(rt, a, content="the first fact", request_id="one")
     assert first.status == "storing"
     with pytest.raises(InsufficientBalance):
         store.store(rt, a, content="the second fact", request_id="two")
-    # PostgreSQL: the claim is one statement; refused, it wrote nothing and the
-    # one-at-a-time transaction named the reason. SQLite always takes the latter.
-    assert outcomes == ([True, False] if rt.db.is_postgres else [])
+    # Refused, the fast claim wrote nothing and the one-at-a-time transaction named the
+    # reason.
+    assert outcomes == [True, False]
     assert _count(rt, Request) == _count(rt, WriteJob) == _count(rt, Memory) == 1
     assert _count(rt, LedgerEntry, LedgerEntry.kind == "hold") == 1
     assert store.store(rt, a, content="the first fact", request_id="one").memory_id == (

@@ -45,7 +45,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from walkeep.db import Prepared
+from walkeep.db import Prepared, Tx
 from walkeep.db.models import Account, LedgerEntry, table
 from walkeep.errors import InsufficientBalance, NotFound, ValidationError
 
@@ -327,7 +327,7 @@ def hold_statement(
 
 
 def try_hold_new(
-    session: Session,
+    session: Tx,
     account_id: str,
     amount_mc: int,
     *,
@@ -660,7 +660,7 @@ def _settle(
 
 
 def _append(
-    session: Session,
+    session: Tx,
     account_id: str,
     kind: str,
     amount_mc: int,
@@ -738,7 +738,7 @@ def _raise_if_settled(session: Session, hold_id: int, hold_ref: str) -> None:
         )
 
 
-def _now(session: Session) -> datetime:
+def _now(session: Tx) -> datetime:
     clock = session.info.get("clock")
     if clock is not None:
         return clock.now()  # type: ignore[no-any-return]

@@ -60,7 +60,7 @@ from walkeep.backends.base import (
     SearchHit,
 )
 from walkeep.clock import Clock
-from walkeep.db import Database, Prepared, rowcount
+from walkeep.db import Database, Prepared, Tx, rowcount
 from walkeep.db.models import WriteJob, table
 from walkeep.errors import NotFound, QuotaExceeded, RelayerUnavailable, ValidationError
 
@@ -185,7 +185,7 @@ class SelfRelayer:
         )
 
     def accept_staged(
-        self, session: Session, staged: _Staged, *, idempotency_key: str, epochs: int
+        self, session: Tx, staged: _Staged, *, idempotency_key: str, epochs: int
     ) -> str:
         """Accept inside the caller's transaction: the job commits with the claim and hold.
 

@@ -2,7 +2,9 @@
 
 from walkeep.db.engine import (
     Database,
+    Direct,
     Prepared,
+    Tx,
     insert_rows,
     is_bad_data,
     is_outage,
@@ -13,7 +15,9 @@ from walkeep.db.engine import (
 
 __all__ = [
     "Database",
+    "Direct",
     "Prepared",
+    "Tx",
     "insert_rows",
     "is_bad_data",
     "is_outage",

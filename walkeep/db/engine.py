@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -68,32 +69,37 @@ def _sqlite_on_connect(dbapi_conn: sqlite3.Connection, _record: Any) -> None:
 
 
 def _sqlite_on_begin(conn: Any) -> None:
-    # A caller that promised not to wait (walkeep/nowait.py) must not sit in SQLite's
-    # busy handler while another process holds the write lock: it asks once, with a
-    # busy timeout of 0. Each connection keeps the timeout it was last given and is
-    # switched only when the next caller wants the other one, so the common case (the
-    # event loop's stores, back to back) sends no PRAGMA at all; they were two per store.
+    # On the driver's connection, not through ``exec_driver_sql``: a statement through
+    # SQLAlchemy's execution path cost ~25 µs of Python, on every write transaction.
+    pooled = conn.connection
+    _sqlite_begin(
+        pooled.driver_connection,
+        pooled.info,
+        readonly=bool(conn.get_execution_options().get("walkeep_readonly")),
+    )
+
+
+def _sqlite_begin(driver: sqlite3.Connection, info: dict[Any, Any], *, readonly: bool) -> None:
+    """Open a transaction on ``driver``: read-only ones deferred, writers ``BEGIN
+    IMMEDIATE``. A caller that promised not to wait (walkeep/nowait.py) must not sit in
+    SQLite's busy handler while another process holds the write lock: it asks once,
+    with a busy timeout of 0. Each connection keeps the timeout it was last given and
+    is switched only when the next caller wants the other one, so the common case (the
+    event loop's stores, back to back) sends no PRAGMA at all; they were two per store.
+    Errors come out as SQLAlchemy's (OperationalError: an outage, retryable)."""
     no_wait = nowait.active()
-    _busy_timeout(conn, 0 if no_wait else SQLITE_BUSY_TIMEOUT_MS)
-    if conn.get_execution_options().get("walkeep_readonly"):
-        conn.exec_driver_sql("BEGIN")
-    elif no_wait:
-        try:
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
-        except OperationalError as exc:
-            if "locked" not in str(exc.orig) and "busy" not in str(exc.orig):
-                raise
+    ms = 0 if no_wait else SQLITE_BUSY_TIMEOUT_MS
+    sql = "BEGIN" if readonly else "BEGIN IMMEDIATE"
+    try:
+        if info.get("walkeep_busy_timeout_ms", SQLITE_BUSY_TIMEOUT_MS) != ms:
+            driver.execute(f"PRAGMA busy_timeout={ms}")
+            info["walkeep_busy_timeout_ms"] = ms  # lives as long as the DBAPI connection
+        driver.execute(sql)
+    except sqlite3.Error as exc:
+        busy = "locked" in str(exc) or "busy" in str(exc)
+        if no_wait and busy and not readonly:
             raise nowait.WouldWait("another process holds the SQLite write lock") from exc
-    else:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-
-def _busy_timeout(conn: Any, ms: int) -> None:
-    """Give this pooled connection SQLite's busy timeout ``ms``, unless it has it."""
-    info = conn.connection.info  # lives as long as the DBAPI connection, across checkouts
-    if info.get("walkeep_busy_timeout_ms", SQLITE_BUSY_TIMEOUT_MS) != ms:
-        conn.exec_driver_sql(f"PRAGMA busy_timeout={ms}")
-        info["walkeep_busy_timeout_ms"] = ms
+        raise DBAPIError.instance(sql, None, exc, sqlite3.Error, hide_parameters=True) from exc
 
 
 # A PostgreSQL connection back in the pool for less than this is taken to be alive; one
@@ -231,6 +237,7 @@ class Database:
         self._free_waiters: list[Callable[[], None]] = []
         self._free_guard = threading.Lock()
         self._threaded = _Sessions(self.engine, self.clock)
+        self._direct: Any = None  # begin_direct's connection, taken from the pool once
         self._engine_kwargs = engine_kwargs
         # PostgreSQL, on first use of ``on_loop``: the same database through psycopg's
         # asyncio connections, for calls that run on the event loop.
@@ -332,6 +339,43 @@ class Database:
             if self._free_waiters:
                 self._wake_free_waiters()
 
+    @contextmanager
+    def begin_direct(self) -> Iterator[Direct]:
+        """SQLite: one write transaction on a connection of its own, without a Session,
+        for the store's claim — statements that run as ``Prepared`` on the driver anyway.
+        A Session around them (pool checkout, transaction objects, events, the commit's
+        bookkeeping) cost a quarter of the claim's Python on the event loop. Same write
+        lock, same ``BEGIN IMMEDIATE`` and no-wait refusals as ``begin``; commit on
+        success, rollback on exception; errors come out as SQLAlchemy's. The connection
+        is used only under this process's write lock, so one is enough."""
+        assert self._write_lock is not None, "begin_direct is for SQLite"
+        if not self._write_lock.acquire(blocking=not nowait.active()):
+            nowait.refuse("this process's SQLite write lock", self._call_when_free)
+        try:
+            if self._direct is None:
+                self._direct = self.engine.raw_connection()
+            pooled = self._direct
+            driver: sqlite3.Connection = pooled.driver_connection  # type: ignore[assignment]
+            _sqlite_begin(driver, pooled.info, readonly=False)
+            try:
+                yield Direct(self.engine.dialect, driver, {"clock": self.clock})
+            except BaseException:
+                if driver.in_transaction:
+                    driver.rollback()
+                raise
+            try:
+                driver.commit()
+            except sqlite3.Error as exc:
+                if driver.in_transaction:
+                    driver.rollback()
+                raise DBAPIError.instance(
+                    "COMMIT", None, exc, sqlite3.Error, hide_parameters=True
+                ) from exc
+        finally:
+            self._write_lock.release()
+            if self._free_waiters:
+                self._wake_free_waiters()
+
     def _call_when_free(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once this process's write lock is free: now, if it already
         is, else from the thread that releases it. Registering before looking closes the
@@ -425,6 +469,9 @@ class Database:
 
     def dispose(self) -> None:
         self._drop_loop_engine()
+        direct, self._direct = self._direct, None
+        if direct is not None:
+            direct.close()  # back to the pool, which closes it below
         self.engine.dispose()
 
 
@@ -461,6 +508,21 @@ def is_bad_data(exc: BaseException | None) -> bool:
     return False
 
 
+@dataclass(slots=True)
+class Direct:
+    """A write transaction on SQLite's driver connection (``Database.begin_direct``):
+    what ``Prepared.run`` needs — the dialect and the connection — and ``info`` as a
+    Session has it (``info["clock"]``)."""
+
+    dialect: Any
+    driver: sqlite3.Connection
+    info: dict[str, Any]
+
+
+# Where Prepared statements run: a Session's transaction, or a direct one on SQLite.
+Tx = Session | Direct
+
+
 class Prepared:
     """A Core statement on the store's hot path, run on the driver's own cursor.
 
@@ -483,12 +545,16 @@ class Prepared:
         # Per dialect class: (SQL, [(name in the SQL, bind processor)], fixed values).
         self._compiled: dict[type, tuple[str, list[tuple[str, Any]], dict[str, Any]]] = {}
 
-    def run(self, session: Session, params: Mapping[str, Any]) -> list[Any]:
+    def run(self, session: Tx, params: Mapping[str, Any]) -> list[Any]:
         """Execute with ``params``; the rows it returned (RETURNING), as tuples."""
-        dialect, driver = _driver_of(session)
-        if driver is None:
-            result = session.execute(self.statement, params)
-            return list(result.all()) if getattr(result, "returns_rows", False) else []
+        if isinstance(session, Direct):
+            dialect, driver = session.dialect, session.driver
+        else:
+            dialect, found = _driver_of(session)
+            if found is None:
+                result = session.execute(self.statement, params)
+                return list(result.all()) if getattr(result, "returns_rows", False) else []
+            driver = found
         sql, values = self.bind(dialect, params)
         cursor = driver.cursor()
         try:

@@ -25,7 +25,9 @@ retries.
 
 On PostgreSQL, with the self-run relayer, steps 2–4 are ONE statement
 (``_claim_at_once``): same order and outcomes, but the account's row lock lasts
-that statement only.
+that statement only. On SQLite they are one transaction on the driver's connection,
+without a Session (``_claim_direct``). Either falls back to the general path when
+the account refuses, so that path alone says which limit.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from walkeep import ids, ledger, nowait, pricing, usage
-from walkeep.db import Prepared, rowcount
+from walkeep.db import Prepared, Tx, rowcount
 from walkeep.db.models import LedgerEntry, Memory, Request, WriteJob, table
 from walkeep.errors import (
     InsufficientBalance,
@@ -316,6 +318,8 @@ def _claim(
         at_once = rt.db.is_postgres and staged is not None
         if at_once and _claim_at_once(rt, request, memory, staged, now):
             return memory, _due_in(staged)
+        if rt.db.is_sqlite and _claim_direct(rt, request, memory, staged, now):
+            return memory, _due_in(staged)
         with rt.db.begin() as sess:
             _INSERT_REQUEST.run(sess, request)
             _accept_in(rt, sess, memory, staged, 1)
@@ -327,6 +331,31 @@ def _claim(
         if strict:
             raise
         return None  # the request id exists: replay
+
+
+class _Refused(Exception):
+    """The account refused the fast claim (quota, credits, unknown): roll it back."""
+
+
+def _claim_direct(
+    rt: Runtime, request: dict[str, object], memory: Claimed, staged: object, now: datetime
+) -> bool:
+    """SQLite: the claim's statements in one transaction on the driver's connection
+    (``Database.begin_direct``), without a Session. False, having written nothing, if
+    the account refuses it; the Session path then says which limit, as on PostgreSQL."""
+    try:
+        with rt.db.begin_direct() as tx:
+            _INSERT_REQUEST.run(tx, request)
+            _accept_in(rt, tx, memory, staged, 1)
+            _INSERT_MEMORY.run(tx, _row(memory))
+            if not _try_reserve(
+                rt, tx, memory.account_id, memory.id, 1, memory.size_bytes, memory.cost_mc, now
+            ):
+                raise _Refused
+    except _Refused:
+        memory.job_id, memory.status = None, MemoryStatus.ACCEPTING
+        return False
+    return True
 
 
 def _claim_at_once(
@@ -491,7 +520,7 @@ def _stage(rt: Runtime, account_id: str, namespace: str, content: str) -> object
 
 
 def _accept_in(
-    rt: Runtime, sess: Session, memory: AnyMemory, staged: object | None, attempt: int
+    rt: Runtime, sess: Tx, memory: AnyMemory, staged: object | None, attempt: int
 ) -> None:
     if staged is None:
         return
@@ -622,20 +651,39 @@ def _reserve(
     """Count the store against the usage quotas and hold its price, or refuse it having
     done neither: QUOTA_EXCEEDED (checked first, as the reference orders it) or
     INSUFFICIENT_BALANCE."""
-    s = rt.settings
-    params = usage.counting(
-        size, now, max_total_bytes=s.max_total_bytes, max_stores_per_day=s.max_stores_per_day
-    )
-    ref = hold_ref(memory_id, attempt)
-    memo = f"store {memory_id}"
-    if ledger.try_hold_new(
-        sess, account_id, cost_mc, ref=ref, memo=memo, stmt=_RESERVE_PREPARED, params=params
-    ):
+    if _try_reserve(rt, sess, account_id, memory_id, attempt, size, cost_mc, now):
         return
     # Refused (or the row changed meanwhile): the one-check-at-a-time path names the
     # limit, or finds that both now pass and does the work itself.
     _check_usage(rt, sess, account_id, size, now)
     _hold(rt, sess, account_id, memory_id, attempt, cost_mc)
+
+
+def _try_reserve(
+    rt: Runtime,
+    tx: Tx,
+    account_id: str,
+    memory_id: str,
+    attempt: int,
+    size: int,
+    cost_mc: int,
+    now: datetime,
+) -> bool:
+    """``_reserve``'s one UPDATE and one INSERT; False, having done nothing, if refused."""
+    s = rt.settings
+    params = usage.counting(
+        size, now, max_total_bytes=s.max_total_bytes, max_stores_per_day=s.max_stores_per_day
+    )
+    held = ledger.try_hold_new(
+        tx,
+        account_id,
+        cost_mc,
+        ref=hold_ref(memory_id, attempt),
+        memo=f"store {memory_id}",
+        stmt=_RESERVE_PREPARED,
+        params=params,
+    )
+    return held is not None
 
 
 def _hold(
