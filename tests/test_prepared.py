@@ -331,3 +331,23 @@ def test_begin_direct_refuses_a_no_wait_caller_while_the_write_lock_is_taken(
     with nowait.no_wait(), sqlite_db.begin_direct() as tx:  # free again: no refusal
         Prepared(insert(table(Memory)), keys=_MEMORY_KEYS).run(tx, _memory_row(acct, "mem_ok"))
     assert _ids(sqlite_db, acct) == {"mem_ok"}
+
+
+def test_begin_direct_keeps_no_slot_of_a_small_pool(sqlite_db: Database) -> None:
+    """Its connection leaves the pool: a Database of one pooled connection still opens a
+    session beside it (else the session would wait out the pool's timeout)."""
+    from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+    one = Database(sqlite_db.url, pool_size=1, max_overflow=0, pool_timeout=1)
+    try:
+        acct = accounts.create_account(one, "small-pool", credits_mc=0).account_id
+        with one.begin_direct() as tx:
+            Prepared(insert(table(Memory)), keys=_MEMORY_KEYS).run(tx, _memory_row(acct, "m1"))
+        with one.begin() as s:  # the pool's one connection is free
+            assert s.execute(text("SELECT count(*) FROM memories")).scalar() == 1
+        with one.read() as s:
+            s.execute(text("SELECT 1"))  # holds the pool's one connection
+            with pytest.raises(PoolTimeout), one.read() as t:
+                t.execute(text("SELECT 1"))  # and there is no other: the pool is as it was
+    finally:
+        one.dispose()

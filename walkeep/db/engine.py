@@ -237,7 +237,7 @@ class Database:
         self._free_waiters: list[Callable[[], None]] = []
         self._free_guard = threading.Lock()
         self._threaded = _Sessions(self.engine, self.clock)
-        self._direct: Any = None  # begin_direct's connection, taken from the pool once
+        self._direct: Any = None  # begin_direct's connection, opened once
         self._engine_kwargs = engine_kwargs
         # PostgreSQL, on first use of ``on_loop``: the same database through psycopg's
         # asyncio connections, for calls that run on the event loop.
@@ -353,9 +353,12 @@ class Database:
             nowait.refuse("this process's SQLite write lock", self._call_when_free)
         try:
             if self._direct is None:
+                # Opened (with the engine's connect settings) by the pool, then taken out
+                # of it: its slot is free again, so a small pool cannot run short.
                 self._direct = self.engine.raw_connection()
+                self._direct.detach()
             pooled = self._direct
-            driver: sqlite3.Connection = pooled.driver_connection  # type: ignore[assignment]
+            driver: sqlite3.Connection = pooled.dbapi_connection  # pysqlite: the driver's
             _sqlite_begin(driver, pooled.info, readonly=False)
             try:
                 yield Direct(self.engine.dialect, driver, {"clock": self.clock})
@@ -471,7 +474,7 @@ class Database:
         self._drop_loop_engine()
         direct, self._direct = self._direct, None
         if direct is not None:
-            direct.close()  # back to the pool, which closes it below
+            direct.close()  # detached from the pool: closes it
         self.engine.dispose()
 
 
