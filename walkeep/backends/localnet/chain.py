@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from walkeep.backends.base import BlobObject, EpochInfo, PreparedTx, TxEffects
-from walkeep.backends.localnet.engine import NETWORK, LocalNetwork
+from walkeep.backends.localnet.engine import LocalNetwork
+from walkeep.backends.localnet.records import NETWORK
 
 
 class LocalChain:

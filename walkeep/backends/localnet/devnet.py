@@ -72,9 +72,10 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 
 from walkeep.backends.base import ChainUnavailable
 from walkeep.backends.localnet.codec import LOCAL_PACKAGE_ID, blob_id_bytes, normalize_address
-from walkeep.backends.localnet.engine import NETWORK, LocalNetwork, ObjectRecord
+from walkeep.backends.localnet.engine import LocalNetwork
 from walkeep.backends.localnet.explorer import make_explorer_router
 from walkeep.backends.localnet.quilts import LocalPatch
+from walkeep.backends.localnet.records import NETWORK, ObjectRecord
 from walkeep.errors import NotFound, RelayerUnavailable, ValidationError
 from walkeep.lifecycle import MAX_EPOCHS_AHEAD
 from walkeep.quilt import MAX_PATCHES, is_patch_id

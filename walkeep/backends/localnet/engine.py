@@ -37,7 +37,8 @@ Deliberate simplifications (documented, not hidden):
 - Object ids are derived like Sui's (``blake2b256(0xf1 ‖ tx digest ‖ u64le n)``).
 
 How it names things and writes its transactions (ids, digests, transaction bytes) is
-``codec.py``; this module keeps the state and enforces the rules.
+``codec.py``; what its state looks like (records, rows, the file's schema) is
+``records.py``; this module keeps the state and enforces the rules.
 
 State lives in one SQLite file under ``state_dir`` (WAL mode, busy timeout,
 ``BEGIN IMMEDIATE`` for writes, short transactions) so the Walkeep service
@@ -66,7 +67,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from walkeep.backends.b58 import b58encode
 from walkeep.backends.base import (
-    BlobExtension,
     BlobObject,
     ChainRejected,
     ChainUnavailable,
@@ -99,6 +99,19 @@ from walkeep.backends.localnet.codec import (
     tx_digest,
 )
 from walkeep.backends.localnet.quilts import QuiltStoreMixin
+from walkeep.backends.localnet.records import (
+    NETWORK,
+    OBJECT_COLS,
+    SCHEMA,
+    TX_COLS,
+    AddressTx,
+    ObjectExtension,
+    ObjectRecord,
+    TxRecord,
+    object_from_row,
+    object_params,
+    tx_from_row,
+)
 from walkeep.clock import Clock
 from walkeep.errors import NotFound, RelayerUnavailable, ValidationError
 from walkeep.lifecycle import MAX_EPOCHS_AHEAD
@@ -106,205 +119,11 @@ from walkeep.pricing import encoded_blob_length, walrus_storage_cost_frost
 
 log = logging.getLogger(__name__)
 
-NETWORK = "local"
-
-
 DB_FILE = "network.sqlite3"
 KEY_FILE = "wallet.key"
 _SCHEMA_VERSION = "1"
 _PAGE = 500  # rows per page when listing
 _IN_CHUNK = 500  # ids per IN (...) query
-
-
-# --- records (what the explorer and devnet read) -------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ObjectRecord:
-    """Everything the local chain knows about a Blob object."""
-
-    object_id: str
-    blob_id: str
-    owner: str
-    size: int
-    storage_size: int
-    storage_id: str
-    registered_epoch: int
-    certified_epoch: int | None
-    start_epoch: int
-    end_epoch: int
-    deletable: bool
-    version: int
-    created_tx: str
-    last_tx: str
-
-    def to_blob_object(self) -> BlobObject:
-        return BlobObject(
-            blob_id=self.blob_id,
-            blob_object_id=self.object_id,
-            size=self.size,
-            storage_size=self.storage_size,
-            registered_epoch=self.registered_epoch,
-            end_epoch=self.end_epoch,
-            owner=self.owner,
-            certified_epoch=self.certified_epoch,
-            deletable=self.deletable,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class TxRecord:
-    """A recorded transaction, as an explorer shows it."""
-
-    digest: str
-    kind: TxKind
-    status: str
-    sender: str
-    epoch: int
-    timestamp: datetime
-    checkpoint: int
-    calls: tuple[dict[str, Any], ...]
-    wal_cost_frost: int
-    gas_used: int
-    package_id: str
-    price_frost: int
-    tx_bytes: str  # base64
-
-    def to_effects(self) -> TxEffects:
-        extensions = tuple(
-            BlobExtension(
-                blob_object_id=c["blob_object_id"],
-                blob_id=c["blob_id"],
-                epochs=c["epochs"],
-                old_end_epoch=c["old_end_epoch"],
-                new_end_epoch=c["new_end_epoch"],
-            )
-            for c in self.calls
-            if c["function"].endswith("::system::extend_blob")
-        )
-        return TxEffects(
-            digest=self.digest,
-            success=self.status == "success",
-            sender=self.sender,
-            epoch=self.epoch,
-            timestamp=self.timestamp,
-            extensions=extensions,
-            wal_cost_frost=self.wal_cost_frost,
-            gas_used=self.gas_used,
-            checkpoint=self.checkpoint,
-            network=NETWORK,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class ObjectExtension:
-    """One extend_blob call on an object (for the explorer's object page)."""
-
-    digest: str
-    epoch: int
-    timestamp: datetime
-    epochs: int
-    old_end_epoch: int
-    new_end_epoch: int
-
-
-@dataclass(frozen=True, slots=True)
-class AddressTx:
-    """One renewal transaction in an address's history (the explorer's address page)."""
-
-    seq: int
-    digest: str
-    status: str
-    epoch: int
-    timestamp: datetime
-    blobs: int
-    wal_cost_frost: int
-
-
-_OBJECT_COLS = (
-    "object_id, blob_id, owner, size, storage_size, storage_id, registered_epoch, "
-    "certified_epoch, start_epoch, end_epoch, deletable, version, created_tx, last_tx"
-)
-_TX_COLS = (
-    "seq, digest, kind, sender, epoch, timestamp_us, tx_bytes, effects, wal_cost_frost, gas_used, "
-    "status"
-)
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS contents (
-    blob_id TEXT PRIMARY KEY, size INTEGER NOT NULL, data BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS objects (
-    seq INTEGER PRIMARY KEY, object_id TEXT NOT NULL UNIQUE, blob_id TEXT NOT NULL, owner TEXT NOT NULL,
-    size INTEGER NOT NULL, storage_size INTEGER NOT NULL, storage_id TEXT NOT NULL,
-    registered_epoch INTEGER NOT NULL, certified_epoch INTEGER, start_epoch INTEGER NOT NULL,
-    end_epoch INTEGER NOT NULL, deletable INTEGER NOT NULL, version INTEGER NOT NULL,
-    created_tx TEXT NOT NULL, last_tx TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS objects_by_blob ON objects (blob_id);
-CREATE INDEX IF NOT EXISTS objects_by_owner ON objects (owner, object_id);
-CREATE TABLE IF NOT EXISTS transactions (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, digest TEXT NOT NULL UNIQUE, kind TEXT NOT NULL,
-    sender TEXT NOT NULL, epoch INTEGER NOT NULL, timestamp_us INTEGER NOT NULL,
-    tx_bytes BLOB NOT NULL, effects TEXT NOT NULL, wal_cost_frost INTEGER NOT NULL,
-    gas_used INTEGER NOT NULL, status TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS transactions_by_sender ON transactions (sender, kind, seq);
-CREATE TABLE IF NOT EXISTS extensions (
-    tx_seq INTEGER NOT NULL, idx INTEGER NOT NULL, obj_seq INTEGER NOT NULL,
-    epochs INTEGER NOT NULL, old_end_epoch INTEGER NOT NULL, new_end_epoch INTEGER NOT NULL,
-    PRIMARY KEY (tx_seq, idx)) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS extensions_by_object ON extensions (obj_seq, tx_seq, idx);
-"""
-# Why these shapes: a renewal batch rewrites ~200 objects. Objects live in a
-# rowid table in creation order, and blobs due together were mostly created
-# together, so a batch touches few pages; extension rows are small integers,
-# appended in transaction order and indexed by the object's creation order
-# for the same locality. (Random text keys would dirty a page per row.)
-
-
-def _object_from_row(row: tuple[Any, ...]) -> ObjectRecord:
-    # Positional, in _OBJECT_COLS order (hot path: 200+ rows per extend).
-    r = row
-    return ObjectRecord(
-        r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], bool(r[10]), r[11], r[12], r[13]
-    )
-
-
-def _object_params(r: ObjectRecord) -> tuple[Any, ...]:
-    return (
-        r.object_id,
-        r.blob_id,
-        r.owner,
-        r.size,
-        r.storage_size,
-        r.storage_id,
-        r.registered_epoch,
-        r.certified_epoch,
-        r.start_epoch,
-        r.end_epoch,
-        int(r.deletable),
-        r.version,
-        r.created_tx,
-        r.last_tx,
-    )
-
-
-def _tx_from_row(row: tuple[Any, ...], calls: Sequence[dict[str, Any]]) -> TxRecord:
-    effects = json.loads(row[7])
-    return TxRecord(
-        digest=row[1],
-        kind=row[2],
-        sender=row[3],
-        epoch=row[4],
-        timestamp=from_us(row[5]),
-        checkpoint=row[0],
-        status=row[10],
-        calls=tuple(calls),
-        wal_cost_frost=row[8],
-        gas_used=row[9],
-        package_id=effects["package_id"],
-        price_frost=effects["price_frost"],
-        tx_bytes=base64.b64encode(row[6]).decode(),
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -467,7 +286,7 @@ class LocalNetwork(QuiltStoreMixin):
         ``configure`` (see the class docstring)."""
         with self._write() as c:
             # One statement at a time: executescript() would COMMIT our transaction.
-            for stmt in filter(None, (s.strip() for s in _SCHEMA.split(";"))):
+            for stmt in filter(None, (s.strip() for s in SCHEMA.split(";"))):
                 c.execute(stmt)
             meta = dict(c.execute("SELECT key, value FROM meta").fetchall())
             now = now_us(self.clock)
@@ -748,8 +567,8 @@ class LocalNetwork(QuiltStoreMixin):
             last_tx=digest,
         )
         c.execute(
-            f"INSERT INTO objects ({_OBJECT_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            _object_params(record),
+            f"INSERT INTO objects ({OBJECT_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            object_params(record),
         )
         self._record_tx(
             c,
@@ -769,12 +588,12 @@ class LocalNetwork(QuiltStoreMixin):
         self, c: sqlite3.Connection, blob_id: str, epoch: int, epochs: int, permanent: bool
     ) -> ObjectRecord | None:
         rows = c.execute(
-            f"SELECT {_OBJECT_COLS} FROM objects WHERE blob_id = ? AND end_epoch >= ? "
+            f"SELECT {OBJECT_COLS} FROM objects WHERE blob_id = ? AND end_epoch >= ? "
             "ORDER BY end_epoch DESC, object_id",
             (blob_id, epoch + epochs),
         ).fetchall()
         for row in rows:
-            rec = _object_from_row(row)
+            rec = object_from_row(row)
             if not rec.deletable or (not permanent and rec.owner == self._server_address):
                 return rec
         return None
@@ -825,10 +644,10 @@ class LocalNetwork(QuiltStoreMixin):
             return None
         row = (
             self._conn()
-            .execute(f"SELECT {_OBJECT_COLS} FROM objects WHERE object_id = ?", (oid,))
+            .execute(f"SELECT {OBJECT_COLS} FROM objects WHERE object_id = ?", (oid,))
             .fetchone()
         )
-        return _object_from_row(row) if row else None
+        return object_from_row(row) if row else None
 
     def get_object(self, object_id: str) -> BlobObject | None:
         self._chain_op()
@@ -854,14 +673,14 @@ class LocalNetwork(QuiltStoreMixin):
             rows = (
                 self._conn()
                 .execute(
-                    f"SELECT {_OBJECT_COLS} FROM objects WHERE owner = ? AND object_id > ? "
+                    f"SELECT {OBJECT_COLS} FROM objects WHERE owner = ? AND object_id > ? "
                     "ORDER BY object_id LIMIT ?",
                     (owner, after, _PAGE),
                 )
                 .fetchall()
             )
             for row in rows:
-                yield _object_from_row(row).to_blob_object()
+                yield object_from_row(row).to_blob_object()
             if len(rows) < _PAGE:
                 return
             after = rows[-1][0]
@@ -897,9 +716,9 @@ class LocalNetwork(QuiltStoreMixin):
             chunk = unique[i : i + _IN_CHUNK]
             marks = ",".join("?" * len(chunk))
             for row in c.execute(
-                f"SELECT {_OBJECT_COLS}, seq FROM objects WHERE object_id IN ({marks})", chunk
+                f"SELECT {OBJECT_COLS}, seq FROM objects WHERE object_id IN ({marks})", chunk
             ):
-                rec = _object_from_row(row)
+                rec = object_from_row(row)
                 found[rec.object_id] = rec
                 if seqs is not None:
                     seqs[rec.object_id] = row[14]
@@ -1009,7 +828,7 @@ class LocalNetwork(QuiltStoreMixin):
             )
         tx = decode_local_extend_tx(tx_bytes)
         with self._write() as c:
-            done = c.execute(f"SELECT {_TX_COLS} FROM transactions WHERE digest = ?", (digest,))
+            done = c.execute(f"SELECT {TX_COLS} FROM transactions WHERE digest = ?", (digest,))
             row = done.fetchone()
             if row is not None:
                 return self._tx_with_calls(c, row).to_effects()
@@ -1106,7 +925,7 @@ class LocalNetwork(QuiltStoreMixin):
     @staticmethod
     def _tx_with_calls(c: sqlite3.Connection, row: tuple[Any, ...]) -> TxRecord:
         if row[2] != "extend":
-            return _tx_from_row(row, json.loads(row[7])["calls"])
+            return tx_from_row(row, json.loads(row[7])["calls"])
         calls = [
             {
                 "function": EXTEND_FUNCTION,
@@ -1123,13 +942,13 @@ class LocalNetwork(QuiltStoreMixin):
                 (row[0],),
             )
         ]
-        return _tx_from_row(row, calls)
+        return tx_from_row(row, calls)
 
     def transaction_record(self, digest: str) -> TxRecord | None:
         """The full recorded transaction (explorer view; no fault injection)."""
         with self._read() as c:
             row = c.execute(
-                f"SELECT {_TX_COLS} FROM transactions WHERE digest = ?", (digest,)
+                f"SELECT {TX_COLS} FROM transactions WHERE digest = ?", (digest,)
             ).fetchone()
             return self._tx_with_calls(c, row) if row else None
 
@@ -1172,13 +991,13 @@ class LocalNetwork(QuiltStoreMixin):
         rows = (
             self._conn()
             .execute(
-                f"SELECT {_OBJECT_COLS} FROM objects WHERE owner = ? AND object_id > ? "
+                f"SELECT {OBJECT_COLS} FROM objects WHERE owner = ? AND object_id > ? "
                 "ORDER BY object_id LIMIT ?",
                 (owner, after, limit),
             )
             .fetchall()
         )
-        return [_object_from_row(r) for r in rows]
+        return [object_from_row(r) for r in rows]
 
     def get_transaction_bytes(self, digest: str) -> str | None:
         """The recorded transaction bytes (base64) of ``digest``; None if unknown."""

@@ -22,13 +22,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from walkeep.backends.localnet.codec import BLOB_TYPE, blob_id_to_u256, normalize_address
-from walkeep.backends.localnet.engine import (
-    NETWORK,
-    AddressTx,
-    LocalNetwork,
-    ObjectRecord,
-    TxRecord,
-)
+from walkeep.backends.localnet.engine import LocalNetwork
+from walkeep.backends.localnet.records import NETWORK, AddressTx, ObjectRecord, TxRecord
 
 FROST_PER_WAL = 1_000_000_000
 
