@@ -270,3 +270,26 @@ def test_corrupt_master_key_file_is_refused(tmp_path: Path, no_env_key: None) ->
 def test_keyring_rejects_wrong_size_master(db: Database) -> None:
     with pytest.raises(ConfigurationError):
         Keyring(db, b"\x00" * 16)
+
+
+def test_a_key_not_loaded_yet_is_never_loaded_by_a_call_that_promised_not_to_wait(
+    db: Database, master: bytes, acct: str
+) -> None:
+    """Loading an account's key holds the account's lock across a database read: on the
+    event loop a second caller waiting for that lock would stop the loop the read is
+    awaited on. So a no-wait caller is refused, having written nothing, and the key is
+    loaded where waiting is harmless; after that, no-wait callers use it."""
+    from walkeep import nowait
+
+    ring = Keyring(db, master)
+    with nowait.no_wait(), pytest.raises(nowait.WouldWait, match="data key"):
+        ring.encrypt(acct, b"first")
+    assert _dek_rows(db) == 0  # not even created
+    blob = ring.encrypt(acct, b"first")  # on a thread, as the transports retry it
+    assert _dek_rows(db) == 1
+    with nowait.no_wait():
+        assert ring.encrypt(acct, b"first") == blob
+        assert ring.decrypt(acct, blob) == b"first"
+    other = Keyring(db, master)  # another process: the key exists, but is not loaded here
+    with nowait.no_wait(), pytest.raises(nowait.WouldWait):
+        other.decrypt(acct, blob)

@@ -207,6 +207,7 @@ def test_a_store_refused_this_process_lock_awaits_it_on_the_loop(
     slowly, and push the stores behind it onto threads too."""
     rt = inline_rt
     acct = accounts.create_account(rt.db, "inline", credits_mc=ledger.usd_to_mc("10"))
+    rt.relayer.keyring.encrypt(acct.account_id, b"")  # loaded, as after its first store
     mcp = build_mcp(lambda: rt, transport="stdio", fixed_caller=Caller(acct.account_id))
 
     async def go() -> object:
@@ -225,6 +226,7 @@ def test_a_store_refused_another_process_lock_runs_on_a_thread_once(
     store runs again on a worker thread, which waits in SQLite's busy handler."""
     rt = inline_rt
     acct = accounts.create_account(rt.db, "inline", credits_mc=ledger.usd_to_mc("10"))
+    rt.relayer.keyring.encrypt(acct.account_id, b"")  # loaded, as after its first store
     mcp = build_mcp(lambda: rt, transport="stdio", fixed_caller=Caller(acct.account_id))
     assert rt.db.sqlite_path is not None
     other = sqlite3.connect(rt.db.sqlite_path, isolation_level=None, check_same_thread=False)
@@ -251,6 +253,7 @@ def test_a_postgresql_store_awaits_its_statement_on_the_loop(rt, thread_hops: li
     acct = accounts.create_account(rt.db, "loop", credits_mc=ledger.usd_to_mc("10"))
     mcp = build_mcp(lambda: rt, transport="stdio", fixed_caller=Caller(acct.account_id))
     assert rt.relayer.health().ok  # a fresh probe, as a running server has: not refused
+    rt.relayer.keyring.encrypt(acct.account_id, b"")  # loaded, as after its first store
     released_by: list[str] = []
     guard = threading.Lock()
     with rt.db.engine.connect() as other:
@@ -286,3 +289,42 @@ def test_a_postgresql_store_awaits_its_statement_on_the_loop(rt, thread_hops: li
             {"m": result.structured_content["memory_id"]},  # type: ignore[attr-defined]
         ).one()
     assert held == cost > 0  # held once
+
+
+@pytest.mark.postgres
+def test_an_accounts_first_stores_in_parallel_do_not_stop_the_loop(
+    rt, thread_hops: list[str]
+) -> None:  # type: ignore[no-untyped-def]
+    """Regression: the first stores of an account in a process, in parallel on the loop.
+    The first loaded the account's data key under the account's lock, awaiting its read
+    on the loop; the second waited for that lock on the loop's own thread, so the read
+    could never finish: the whole server hung. Now a key not loaded yet sends the call to
+    a thread (once per account), and the stores behind it run on the loop."""
+    acct = accounts.create_account(rt.db, "parallel", credits_mc=ledger.usd_to_mc("10"))
+    mcp = build_mcp(lambda: rt, transport="stdio", fixed_caller=Caller(acct.account_id))
+    assert rt.relayer.health().ok  # a fresh probe, as a running server has: not refused
+    results: list[object] = []
+
+    async def burst() -> None:
+        async with anyio.create_task_group() as tg:
+            for n in range(4):
+
+                async def call(n: int = n) -> None:
+                    args = {"content": f"fact {n}", "request_id": f"req-parallel-{n}"}
+                    results.append(await mcp.call_tool("store", args))
+
+                tg.start_soon(call)
+
+    # On a thread of its own, so that a hung loop fails the test instead of hanging it.
+    runner = threading.Thread(target=anyio.run, args=(burst,), daemon=True)
+    runner.start()
+    runner.join(60)
+    assert not runner.is_alive(), "the event loop hung"
+    assert len(results) == 4
+    assert all(not r.is_error for r in results), results  # type: ignore[attr-defined]
+    assert 1 <= len(thread_hops) <= 4  # those that found the key not loaded yet
+    with rt.db.read() as s:
+        stored = s.execute(
+            text("SELECT count(*) FROM memories WHERE account_id = :a"), {"a": acct.account_id}
+        ).scalar()
+    assert stored == 4

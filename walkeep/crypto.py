@@ -40,6 +40,7 @@ from cryptography.hazmat.primitives.keywrap import (
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
+from walkeep import nowait
 from walkeep.config import Settings
 from walkeep.db import Database
 from walkeep.db.models import DataKey
@@ -272,6 +273,13 @@ class Keyring:
             if cipher is not None:
                 return cipher
             account_lock = self._account_locks.setdefault(account_id, threading.Lock())
+        # Loading (or creating) the key reads the database while holding the account's
+        # lock. On an event loop (walkeep/nowait.py) that read is awaited on the loop
+        # itself (PostgreSQL's Database.on_loop), so a second call for the same account
+        # waiting for the lock there would stop the loop the first one needs to finish:
+        # the whole process would hang (an account's first two stores, in parallel). So
+        # the first use of an account's key in a process goes to a thread.
+        nowait.refuse("the account's data key is not loaded yet")
         # One loader per account in this process; other accounts aren't blocked.
         with account_lock:
             with self._lock:
