@@ -46,6 +46,7 @@ from sqlalchemy.util import await_, greenlet_spawn
 
 from walkeep import nowait
 from walkeep.clock import Clock, SystemClock
+from walkeep.db.together import Aborted, Statement, Together, pipeline
 from walkeep.errors import ConfigurationError
 
 T = TypeVar("T")
@@ -244,6 +245,7 @@ class Database:
         self._loop_engine: AsyncEngine | None = None
         self._on_loop: _Sessions | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._together: Together | None = None
 
     def _sessions(self) -> _Sessions:
         if _ON_LOOP.get() and self._on_loop is not None:
@@ -279,6 +281,7 @@ class Database:
             )
             _listen_pg(self._loop_engine.sync_engine)
             self._on_loop = _Sessions(self._loop_engine.sync_engine, self.clock, on_loop=True)
+            self._together = Together(self._send_together)
             self._loop = loop
 
         def on_this_loop() -> T:
@@ -292,6 +295,7 @@ class Database:
         """Close the event loop's connections, on the loop that used them (a server's
         shutdown)."""
         engine, self._loop_engine, self._on_loop, self._loop = self._loop_engine, None, None, None
+        self._together = None
         if engine is not None:
             await engine.dispose()
 
@@ -299,6 +303,7 @@ class Database:
         """Forget the loop engine without its loop: its connections close as they are
         collected (the server ends them when their sockets close)."""
         engine, self._loop_engine, self._on_loop, self._loop = self._loop_engine, None, None, None
+        self._together = None
         if engine is not None:
             engine.sync_engine.dispose(close=False)
 
@@ -414,13 +419,56 @@ class Database:
                 return statement.run(session, params)
         sessions = self._sessions()
         sql, values = statement.bind(sessions.engine.dialect, params)
+        if sessions.on_loop:
+            return self._pooled(
+                sessions, sql, values, lambda c: await_(pipeline(c, [(sql, values)]))[0]
+            )
+        return self._pooled(sessions, sql, values, lambda c: _alone(c, sql, values))
+
+    def run_together(
+        self, statement: Prepared, params: Mapping[str, Any], *, key: str
+    ) -> list[Any]:
+        """``run_alone``, except that on the event loop on PostgreSQL the statement may
+        share its transaction with others that arrived meanwhile (walkeep/db/together.py):
+        its rows or its own error all the same. ``key``: the row it locks first, which
+        orders the statements of one transaction."""
+        sessions = self._sessions()
+        together = self._together
+        if not (self.is_postgres and sessions.on_loop and together is not None):
+            return self.run_alone(statement, params)
+        if together.busy:
+            sql, values = statement.bind(sessions.engine.dialect, params)
+            try:
+                return await_(together.join((sql, values), key=key))  # type: ignore[no-any-return]
+            except Aborted:
+                return self.run_alone(statement, params)
+        together.lead()
+        try:
+            return self.run_alone(statement, params)
+        finally:
+            together.release()
+
+    async def _send_together(self, statements: list[Statement]) -> list[list[Any]]:
+        """``Together``'s way out: one pipeline on a connection of the loop's pool."""
+        sessions = self._on_loop
+        assert sessions is not None
+        sql, values = statements[0]
+        return await greenlet_spawn(  # type: ignore[no-any-return]
+            self._pooled, sessions, sql, values, lambda c: await_(pipeline(c, statements))
+        )
+
+    @staticmethod
+    def _pooled(
+        sessions: _Sessions, sql: str, values: Mapping[str, Any], work: Callable[[Any], T]
+    ) -> T:
+        """``work(conn)`` on psycopg's own connection from ``sessions``' pool, which
+        ``work`` switches to autocommit and this switches back before giving it back;
+        psycopg's errors raised as SQLAlchemy's, naming ``sql``."""
         pooled = sessions.engine.raw_connection()
         conn: Any = pooled.driver_connection
         try:
             try:
-                if sessions.on_loop:
-                    return await_(_alone_async(conn, sql, values))  # type: ignore[no-any-return]
-                return _alone(conn, sql, values)
+                return work(conn)
             finally:
                 # Back to transactions before the pool hands it out again — or never again:
                 # a pooled connection left in autocommit would commit a later session's
@@ -621,14 +669,6 @@ def _alone(conn: psycopg.Connection[Any], sql: str, values: Mapping[str, Any]) -
     conn.autocommit = True
     cur = conn.execute(sql, values)
     return cur.fetchall() if cur.description else []
-
-
-async def _alone_async(
-    conn: psycopg.AsyncConnection[Any], sql: str, values: Mapping[str, Any]
-) -> list[Any]:
-    await conn.set_autocommit(True)
-    cur = await conn.execute(sql, values)
-    return await cur.fetchall() if cur.description else []
 
 
 def _autocommit_off(conn: Any, *, on_loop: bool) -> bool:

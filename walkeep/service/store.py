@@ -25,9 +25,10 @@ retries.
 
 On PostgreSQL, with the self-run relayer, steps 2–4 are ONE statement
 (``_claim_at_once``): same order and outcomes, but the account's row lock lasts
-that statement only. On SQLite they are one transaction on the driver's connection,
-without a Session (``_claim_direct``). Either falls back to the general path when
-the account refuses, so that path alone says which limit.
+that statement only; claims that queue behind one in flight go out together, as one
+transaction (walkeep/db/together.py). On SQLite they are one transaction on the
+driver's connection, without a Session (``_claim_direct``). Either falls back to the
+general path when the account refuses, so that path alone says which limit.
 """
 
 from __future__ import annotations
@@ -369,7 +370,10 @@ def _claim_at_once(
 
     Every insert selects from the account UPDATE, so if the account refuses (quota,
     credits) nothing is written and this returns False; a request id that exists
-    raises IntegrityError (a replay) and nothing is written either."""
+    raises IntegrityError (a replay) and nothing is written either. On the event loop,
+    claims that arrive while one is in flight share one transaction
+    (``Database.run_together``), keyed by account so that every transaction takes
+    account rows in the same order; each still gets its own outcome."""
     settings = rt.settings
     job = rt.relayer.job_row(  # type: ignore[attr-defined]
         staged, idempotency_key=job_key(memory.id, 1), epochs=settings.initial_epochs
@@ -394,7 +398,7 @@ def _claim_at_once(
         **{f"m_{k}": v for k, v in _row(memory).items()},
     }
     try:
-        if rt.db.run_alone(_claim_statement(tuple(job)), params):
+        if rt.db.run_together(_claim_statement(tuple(job)), params, key=memory.account_id):
             return True
     except BaseException:
         memory.job_id, memory.status = None, MemoryStatus.ACCEPTING
