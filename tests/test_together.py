@@ -37,15 +37,13 @@ class _Server:
         return [[(sql, dict(values))] for sql, values in statements]
 
 
-def _run_while_leading(together: Together, joiners: list[tuple[str, str]]) -> list[object]:
-    """Join ``joiners`` (sql, key) while a leader is in flight, then release the leader;
+def _run_while_leading(together: Together, joiners: list[str]) -> list[object]:
+    """Join ``joiners`` (their SQL) while the leader is in flight, then release the leader;
     each joiner's rows or exception, in the order given."""
 
     async def main() -> list[object]:
-        together.lead()
         tasks = [
-            asyncio.ensure_future(together.join((sql, {"n": i}), key=key))
-            for i, (sql, key) in enumerate(joiners)
+            asyncio.ensure_future(together.join((sql, {"n": i}))) for i, sql in enumerate(joiners)
         ]
         await asyncio.sleep(0)  # every joiner queued behind the leader
         together.release()
@@ -54,19 +52,25 @@ def _run_while_leading(together: Together, joiners: list[tuple[str, str]]) -> li
     return asyncio.run(main())
 
 
-def test_what_queues_behind_the_statement_in_flight_goes_out_as_one_pipeline_in_key_order() -> None:
+def test_what_queues_behind_the_statement_in_flight_goes_out_as_one_pipeline() -> None:
     server = _Server()
-    together = Together(server.send)
-    joiners = [("c", "acct_c"), ("a", "acct_a"), ("b", "acct_b")]
-    results = _run_while_leading(together, joiners)
-    assert server.pipelines == [["a", "b", "c"]]  # one pipeline, sorted by the lock key
+    idle: list[bool] = []
+    together = Together(server.send, idle=lambda: idle.append(True))
+    results = _run_while_leading(together, ["c", "a", "b"])
+    assert server.pipelines == [["c", "a", "b"]]  # one pipeline, in the order they came
     assert results == [[("c", {"n": 0})], [("a", {"n": 1})], [("b", {"n": 2})]]  # own rows
-    assert not together.busy  # idle again: the next caller leads
+    assert idle == [True]  # then idle, once: the next caller leads anew
+
+
+def test_a_leader_nobody_joined_is_idle_at_once() -> None:
+    idle: list[bool] = []
+    Together(_Server().send, idle=lambda: idle.append(True)).release()
+    assert idle == [True]
 
 
 def test_a_long_queue_goes_out_in_pipelines_of_bounded_length() -> None:
     server = _Server()
-    joiners = [(f"s{i:03}", f"k{i:03}") for i in range(MAX_TOGETHER + 5)]
+    joiners = [f"s{i:03}" for i in range(MAX_TOGETHER + 5)]
     results = _run_while_leading(Together(server.send), joiners)
     assert [len(p) for p in server.pipelines] == [MAX_TOGETHER, 5]
     assert all(isinstance(r, list) for r in results)
@@ -74,13 +78,12 @@ def test_a_long_queue_goes_out_in_pipelines_of_bounded_length() -> None:
 
 def test_a_failed_pipeline_tells_every_statement_in_it_to_run_again_alone() -> None:
     server = _Server()
-    results = _run_while_leading(Together(server.send), [("ok", "a"), ("fail", "b")])
+    results = _run_while_leading(Together(server.send), ["ok", "fail"])
     assert [type(r) for r in results] == [Aborted, Aborted]  # neither knows whose it was
 
 
 def test_a_statement_alone_in_its_pipeline_gets_its_own_error() -> None:
-    server = _Server()
-    (result,) = _run_while_leading(Together(server.send), [("fail", "b")])
+    (result,) = _run_while_leading(Together(_Server().send), ["fail"])
     assert isinstance(result, RuntimeError) and "1 statement(s)" in str(result)
 
 
@@ -89,9 +92,8 @@ def test_a_caller_that_gives_up_does_not_take_the_others_pipeline_with_it() -> N
     together = Together(server.send)
 
     async def main() -> object:
-        together.lead()
-        gone = asyncio.ensure_future(together.join(("gone", {}), key="a"))
-        kept = asyncio.ensure_future(together.join(("kept", {}), key="b"))
+        gone = asyncio.ensure_future(together.join(("gone", {})))
+        kept = asyncio.ensure_future(together.join(("kept", {})))
         await asyncio.sleep(0)
         gone.cancel()  # a client disconnected while its statement waited
         together.release()
@@ -146,34 +148,44 @@ def _job(account_id: str, job_id: str) -> dict[str, object]:
     }
 
 
+async def _until(condition: Callable[[], bool]) -> None:
+    """Let the loop run (checkpoints, not time) until ``condition`` holds."""
+    for _ in range(10_000):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the loop never got there")
+
+
 async def _queue_behind_a_locked_row(
     db: Database,
     account_id: str,
     leader: Callable[[], Any],
     joiners: list[Callable[[], Any]],
-) -> tuple[object, list[object]]:
+    others: tuple[Callable[[], Any], ...] = (),
+) -> tuple[object, list[object], list[object]]:
     """Run ``leader`` on the loop while another connection holds ``account_id``'s row, so
-    that it stays in flight while every ``joiner`` queues behind it; then let go. The
-    leader's result and each joiner's result or exception."""
-    with db.engine.connect() as other:
-        other.begin()
-        other.execute(text("SELECT 1 FROM accounts WHERE id = :a FOR UPDATE"), {"a": account_id})
+    that it stays in flight while every ``joiner`` queues behind it, and ``others`` (of
+    other accounts) run to the end meanwhile; then let go. The leader's result, and each
+    joiner's and each other's result or exception."""
+    with db.engine.connect() as holder:
+        holder.begin()
+        holder.execute(text("SELECT 1 FROM accounts WHERE id = :a FOR UPDATE"), {"a": account_id})
         first = asyncio.ensure_future(db.on_loop(leader))
-        for _ in range(10_000):  # checkpoints, not time: until the leader is in flight
-            if db._together is not None and db._together.busy:
-                break
-            await asyncio.sleep(0)
-        together = db._together
-        assert together is not None and together.busy
+        await _until(lambda: account_id in (db._together or {}))  # the leader is in flight
+        together = (db._together or {})[account_id]
         rest = [asyncio.ensure_future(db.on_loop(j)) for j in joiners]
-        for _ in range(10_000):
-            if together.queued == len(joiners):
-                break
-            await asyncio.sleep(0)
-        assert together.queued == len(joiners)
-        other.rollback()
+        await _until(lambda: together.queued == len(joiners))
+        # Bounded: were they queued behind the held row, they would never finish.
+        done_meanwhile = await asyncio.wait_for(
+            asyncio.gather(*map(db.on_loop, others), return_exceptions=True), timeout=30
+        )
+        assert not first.done()  # still held
+        holder.rollback()
     led = await first
-    return led, list(await asyncio.gather(*rest, return_exceptions=True))
+    joined = await asyncio.gather(*rest, return_exceptions=True)
+    assert account_id not in (db._together or {})  # idle again, forgotten
+    return led, list(joined), list(done_meanwhile)
 
 
 def _on_a_loop(db: Database, scenario: Callable[[], Any]) -> Any:
@@ -193,7 +205,7 @@ def test_statements_queued_behind_one_in_flight_commit_as_one_transaction(db: Da
     def joiner(n: int) -> Callable[[], Any]:
         return lambda: db.run_together(_INSERT_JOB, _job(acct, f"job_{n}"), key=acct)
 
-    led, joined = _on_a_loop(
+    led, joined, _ = _on_a_loop(
         db,
         lambda: _queue_behind_a_locked_row(
             db,
@@ -222,7 +234,7 @@ def test_one_statements_error_is_its_own_and_the_others_commit_alone(db: Databas
     def joiner(job_id: str) -> Callable[[], Any]:
         return lambda: db.run_together(_INSERT_JOB, _job(acct, job_id), key=acct)
 
-    _, joined = _on_a_loop(
+    _, joined, _ = _on_a_loop(
         db,
         lambda: _queue_behind_a_locked_row(
             db,
@@ -273,7 +285,7 @@ def test_stores_claimed_together_keep_the_ledgers_guarantees(rt) -> None:  # typ
                 for args in calls[1:]:
                     tg.start_soon(one, args)
                 await anyio.wait_all_tasks_blocked()  # the others queued behind it
-                assert rt.db._together is not None and rt.db._together.queued == len(calls) - 1
+                assert (rt.db._together or {})[acct].queued == len(calls) - 1
                 other.rollback()
         await rt.db.close_loop()
 
@@ -308,3 +320,27 @@ def test_stores_claimed_together_keep_the_ledgers_guarantees(rt) -> None:  # typ
     assert (held, balance, memories) == (5 * cost, 5 * cost, 5)  # never more than paid for
     assert [h.held_after_mc for h in holds] == [cost * n for n in range(1, 6)]
     assert all(h.amount_mc == cost and h.balance_after_mc == 5 * cost for h in holds)
+
+
+@pytest.mark.postgres
+def test_another_accounts_statements_never_wait_behind_a_stalled_account(db: Database) -> None:
+    """Account A's row is held by another transaction, its claim in flight and two more
+    queued behind it: account B's statements go out and commit meanwhile, alone."""
+    a = accounts.create_account(db, "stalled", credits_mc=0).account_id
+    b = accounts.create_account(db, "free", credits_mc=0).account_id
+
+    def job(acct: str, job_id: str) -> Callable[[], Any]:
+        return lambda: db.run_together(_INSERT_JOB, _job(acct, job_id), key=acct)
+
+    _, joined, others = _on_a_loop(
+        db,
+        lambda: _queue_behind_a_locked_row(
+            db,
+            a,
+            lambda: db.run_together(_TOUCH, {"a": a}, key=a),
+            [job(a, "job_a1"), job(a, "job_a2")],
+            others=(job(b, "job_b1"), job(b, "job_b2")),
+        ),
+    )
+    assert [rows[0][0] for rows in others] == ["job_b1", "job_b2"]  # done while A waited
+    assert [rows[0][0] for rows in joined] == ["job_a1", "job_a2"]

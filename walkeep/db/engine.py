@@ -245,7 +245,8 @@ class Database:
         self._loop_engine: AsyncEngine | None = None
         self._on_loop: _Sessions | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._together: Together | None = None
+        # Per key (account), the statement in flight on the loop and those waiting for it.
+        self._together: dict[str, Together] | None = None
 
     def _sessions(self) -> _Sessions:
         if _ON_LOOP.get() and self._on_loop is not None:
@@ -281,7 +282,7 @@ class Database:
             )
             _listen_pg(self._loop_engine.sync_engine)
             self._on_loop = _Sessions(self._loop_engine.sync_engine, self.clock, on_loop=True)
-            self._together = Together(self._send_together)
+            self._together = {}
             self._loop = loop
 
         def on_this_loop() -> T:
@@ -429,20 +430,22 @@ class Database:
         self, statement: Prepared, params: Mapping[str, Any], *, key: str
     ) -> list[Any]:
         """``run_alone``, except that on the event loop on PostgreSQL the statement may
-        share its transaction with others that arrived meanwhile (walkeep/db/together.py):
-        its rows or its own error all the same. ``key``: the row it locks first, which
-        orders the statements of one transaction."""
+        share its transaction with others of the same ``key`` (the account whose row they
+        lock) that arrived while one was in flight (walkeep/db/together.py): its rows or
+        its own error all the same. Statements of different keys never wait for each
+        other here."""
         sessions = self._sessions()
-        together = self._together
-        if not (self.is_postgres and sessions.on_loop and together is not None):
+        queues = self._together
+        if not (self.is_postgres and sessions.on_loop and queues is not None):
             return self.run_alone(statement, params)
-        if together.busy:
+        together = queues.get(key)
+        if together is not None:
             sql, values = statement.bind(sessions.engine.dialect, params)
             try:
-                return await_(together.join((sql, values), key=key))  # type: ignore[no-any-return]
+                return await_(together.join((sql, values)))  # type: ignore[no-any-return]
             except Aborted:
                 return self.run_alone(statement, params)
-        together.lead()
+        together = queues[key] = Together(self._send_together, idle=lambda: queues.pop(key, None))
         try:
             return self.run_alone(statement, params)
         finally:

@@ -1,18 +1,21 @@
-"""On the event loop, statements that arrive while another is in flight go out together.
+"""On the event loop, one account's statements that arrive while one is in flight go
+out together.
 
 Why: a store's claim is one statement (walkeep/service/store.py), run on the event loop
 (``Database.on_loop``). Sent one by one, each cost a round trip, a wake-up of a
-PostgreSQL backend, a commit with its WAL flush, and — for stores of one account — a
-turn in PostgreSQL's queue for the account's row. On this two-core machine, shared by
-the server, its clients and PostgreSQL, that was 0.78 ms of PostgreSQL CPU per store,
-against 0.35 ms for the same statements sent one at a time from an idle machine.
+PostgreSQL backend, a commit with its WAL flush, and a turn in PostgreSQL's queue for
+the account's row. On this two-core machine, shared by the server, its clients and
+PostgreSQL, that was 0.78 ms of PostgreSQL CPU per store of one busy account, against
+0.35 ms for the same statements sent one at a time from an idle machine.
 
-So: the caller that finds nothing in flight sends its statement at once (``lead``, then
-``release``: no added latency, no added Python); a caller that finds one in flight
-queues (``join``), and when it is done the queue goes out as ONE pipeline — one network
-write, one transaction, one commit — in key order, so two pipelines (of two processes)
-take the rows they lock in the same order and never wait on each other. With 16 clients
-on one account: 0.27 ms of PostgreSQL CPU per store, and 0.43 → 0.53 of the ceiling.
+So, per key (the account whose row the statements lock first): the caller that finds
+none in flight sends its statement at once (no added latency, no added Python); a caller
+that finds one in flight queues (``join``), and when it is done the queue goes out as
+ONE pipeline — one network write, one transaction, one commit. Statements of different
+keys never wait for each other here, so an account whose row another transaction holds
+stalls only its own stores, as it would without this; and a pipeline locks one
+account's row, so it needs no lock order with any other. With 16 clients on one
+account: 0.27 ms of PostgreSQL CPU per store, and 0.43 → 0.53 of the ceiling.
 
 What a statement sees is unchanged: its rows, or its own error. A pipeline is one
 transaction, so one statement's error undoes the others' work too; each of those is
@@ -45,19 +48,21 @@ class Aborted(Exception):
 @dataclass(slots=True)
 class _Waiting:
     statement: Statement
-    key: str
     done: asyncio.Future[list[Any]]
 
 
 @dataclass
 class Together:
-    """One event loop's statement in flight, and those waiting for it to be done.
+    """One key's statement in flight on one event loop, and those waiting for it.
 
-    ``send`` runs statements as one pipeline and returns each one's rows, or raises
-    the first error (then none of them committed)."""
+    Made by the caller that found none in flight, which runs its own statement itself
+    and then calls ``release``; ``idle`` is called once nothing of the key is in flight
+    or waiting any more (the caller forgets this object then). ``send`` runs statements
+    as one pipeline and returns each one's rows, or raises the first error (then none
+    of them committed)."""
 
     send: Callable[[list[Statement]], Awaitable[list[list[Any]]]]
-    busy: bool = False
+    idle: Callable[[], object] = lambda: None
     _waiting: list[_Waiting] = field(default_factory=list)
     _drainer: asyncio.Task[None] | None = None
 
@@ -66,21 +71,17 @@ class Together:
         """Statements waiting for the one in flight."""
         return len(self._waiting)
 
-    def lead(self) -> None:
-        """Nothing was in flight: the caller runs its statement itself, now."""
-        self.busy = True
-
     def release(self) -> None:
         """The leader's statement is done: send what queued meanwhile, or be idle."""
         if self._waiting:
             # Kept: the loop holds only a weak reference to a task.
             self._drainer = asyncio.get_running_loop().create_task(self._drain())
         else:
-            self.busy = False
+            self.idle()
 
-    async def join(self, statement: Statement, *, key: str) -> list[Any]:
-        """``statement``'s rows, run in the next pipeline; ``key``: the row it locks first."""
-        waiting = _Waiting(statement, key, asyncio.get_running_loop().create_future())
+    async def join(self, statement: Statement) -> list[Any]:
+        """``statement``'s rows, run in the next pipeline."""
+        waiting = _Waiting(statement, asyncio.get_running_loop().create_future())
         self._waiting.append(waiting)
         # Shielded: a caller that gives up (a client gone) does not cancel the others'.
         return await asyncio.shield(waiting.done)
@@ -88,15 +89,14 @@ class Together:
     async def _drain(self) -> None:
         try:
             while self._waiting:
-                self._waiting.sort(key=lambda w: w.key)
                 batch = self._waiting[:MAX_TOGETHER]
                 del self._waiting[:MAX_TOGETHER]
                 await self._run(batch)
         finally:
-            self.busy = False
             for left in self._waiting:  # only if cancelled (the loop is closing)
                 _settle(left.done, exc=Aborted())
             self._waiting.clear()
+            self.idle()
 
     async def _run(self, batch: list[_Waiting]) -> None:
         try:
