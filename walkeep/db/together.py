@@ -15,7 +15,7 @@ ONE pipeline — one network write, one transaction, one commit. Statements of d
 keys never wait for each other here, so an account whose row another transaction holds
 stalls only its own stores, as it would without this; and a pipeline locks one
 account's row, so it needs no lock order with any other. With 16 clients on one
-account: 0.27 ms of PostgreSQL CPU per store, and 0.43 → 0.53 of the ceiling.
+account: 0.27 ms of PostgreSQL CPU per store, and 0.43 → 0.52–0.54 of the ceiling.
 
 What a statement sees is unchanged: its rows, or its own error. A pipeline is one
 transaction, so one statement's error undoes the others' work too; each of those is
