@@ -1,6 +1,7 @@
 """walkeep/db/together.py: statements that arrive while one is in flight go to PostgreSQL
 as one pipeline — one transaction — and each caller still sees only its own rows or its
-own error; a store's ledger guarantees hold through it."""
+own error; a stalled account holds up the others for at most LOCK_WAIT_MS; a store's
+ledger guarantees hold through it."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from sqlalchemy import func, insert, text, update
 from sqlalchemy.exc import IntegrityError
 
 from walkeep import pricing
-from walkeep.db import Database, Prepared
+from walkeep.db import Database, Prepared, together
 from walkeep.db.models import Account, WriteJob, table
 from walkeep.db.together import MAX_TOGETHER, Aborted, Statement, Together
 from walkeep.mcp.server import Caller, build_mcp
@@ -37,13 +38,15 @@ class _Server:
         return [[(sql, dict(values))] for sql, values in statements]
 
 
-def _run_while_leading(together: Together, joiners: list[str]) -> list[object]:
-    """Join ``joiners`` (their SQL) while the leader is in flight, then release the leader;
+def _run_while_leading(together: Together, joiners: list[tuple[str, str]]) -> list[object]:
+    """Join ``joiners`` (sql, key) while a leader is in flight, then release the leader;
     each joiner's rows or exception, in the order given."""
 
     async def main() -> list[object]:
+        together.lead()
         tasks = [
-            asyncio.ensure_future(together.join((sql, {"n": i}))) for i, sql in enumerate(joiners)
+            asyncio.ensure_future(together.join((sql, {"n": i}), key=key))
+            for i, (sql, key) in enumerate(joiners)
         ]
         await asyncio.sleep(0)  # every joiner queued behind the leader
         together.release()
@@ -52,39 +55,46 @@ def _run_while_leading(together: Together, joiners: list[str]) -> list[object]:
     return asyncio.run(main())
 
 
-def test_what_queues_behind_the_statement_in_flight_goes_out_as_one_pipeline() -> None:
+def test_what_queues_behind_the_statement_in_flight_goes_out_as_one_pipeline_in_key_order() -> None:
     server = _Server()
-    idle: list[bool] = []
-    together = Together(server.send, idle=lambda: idle.append(True))
-    results = _run_while_leading(together, ["c", "a", "b"])
-    assert server.pipelines == [["c", "a", "b"]]  # one pipeline, in the order they came
-    assert results == [[("c", {"n": 0})], [("a", {"n": 1})], [("b", {"n": 2})]]  # own rows
-    assert idle == [True]  # then idle, once: the next caller leads anew
+    together = Together(server.send)
+    joiners = [("c1", "acct_c"), ("a1", "acct_a"), ("c2", "acct_c"), ("b1", "acct_b")]
+    results = _run_while_leading(together, joiners)
+    # One pipeline, sorted by the row each locks first; one key's in the order they came.
+    assert server.pipelines == [["a1", "b1", "c1", "c2"]]
+    assert results == [
+        [("c1", {"n": 0})],
+        [("a1", {"n": 1})],
+        [("c2", {"n": 2})],
+        [("b1", {"n": 3})],
+    ]  # each its own rows
+    assert not together.busy  # idle again: the next caller leads
 
 
-def test_a_leader_nobody_joined_is_idle_at_once() -> None:
-    idle: list[bool] = []
-    Together(_Server().send, idle=lambda: idle.append(True)).release()
-    assert idle == [True]
+def test_a_leader_nobody_joined_leaves_it_idle() -> None:
+    together = Together(_Server().send)
+    together.lead()
+    assert together.busy
+    together.release()
+    assert not together.busy
 
 
 def test_a_long_queue_goes_out_in_pipelines_of_bounded_length() -> None:
     server = _Server()
-    joiners = [f"s{i:03}" for i in range(MAX_TOGETHER + 5)]
+    joiners = [(f"s{i:03}", f"k{i:03}") for i in range(MAX_TOGETHER + 5)]
     results = _run_while_leading(Together(server.send), joiners)
     assert [len(p) for p in server.pipelines] == [MAX_TOGETHER, 5]
     assert all(isinstance(r, list) for r in results)
 
 
-def test_a_failed_pipeline_tells_every_statement_in_it_to_run_again_alone() -> None:
+@pytest.mark.parametrize("pipeline", [["ok", "fail"], ["fail"]])
+def test_a_failed_pipeline_tells_every_statement_in_it_to_run_again_alone(
+    pipeline: list[str],
+) -> None:
     server = _Server()
-    results = _run_while_leading(Together(server.send), ["ok", "fail"])
-    assert [type(r) for r in results] == [Aborted, Aborted]  # neither knows whose it was
-
-
-def test_a_statement_alone_in_its_pipeline_gets_its_own_error() -> None:
-    (result,) = _run_while_leading(Together(_Server().send), ["fail"])
-    assert isinstance(result, RuntimeError) and "1 statement(s)" in str(result)
+    results = _run_while_leading(Together(server.send), [(sql, "k") for sql in pipeline])
+    # Whose error it was, or whether a lock wait ran out, each finds out alone.
+    assert [type(r) for r in results] == [Aborted] * len(pipeline)
 
 
 def test_a_caller_that_gives_up_does_not_take_the_others_pipeline_with_it() -> None:
@@ -92,8 +102,9 @@ def test_a_caller_that_gives_up_does_not_take_the_others_pipeline_with_it() -> N
     together = Together(server.send)
 
     async def main() -> object:
-        gone = asyncio.ensure_future(together.join(("gone", {})))
-        kept = asyncio.ensure_future(together.join(("kept", {})))
+        together.lead()
+        gone = asyncio.ensure_future(together.join(("gone", {}), key="a"))
+        kept = asyncio.ensure_future(together.join(("kept", {}), key="b"))
         await asyncio.sleep(0)
         gone.cancel()  # a client disconnected while its statement waited
         together.release()
@@ -162,30 +173,22 @@ async def _queue_behind_a_locked_row(
     account_id: str,
     leader: Callable[[], Any],
     joiners: list[Callable[[], Any]],
-    others: tuple[Callable[[], Any], ...] = (),
-) -> tuple[object, list[object], list[object]]:
+) -> tuple[object, list[object]]:
     """Run ``leader`` on the loop while another connection holds ``account_id``'s row, so
-    that it stays in flight while every ``joiner`` queues behind it, and ``others`` (of
-    other accounts) run to the end meanwhile; then let go. The leader's result, and each
-    joiner's and each other's result or exception."""
+    that it stays in flight while every ``joiner`` queues behind it; then let go. The
+    leader's result and each joiner's result or exception."""
     with db.engine.connect() as holder:
         holder.begin()
         holder.execute(text("SELECT 1 FROM accounts WHERE id = :a FOR UPDATE"), {"a": account_id})
         first = asyncio.ensure_future(db.on_loop(leader))
-        await _until(lambda: account_id in (db._together or {}))  # the leader is in flight
-        together = (db._together or {})[account_id]
+        await _until(lambda: db._together is not None and db._together.busy)
+        queue = db._together
+        assert queue is not None
         rest = [asyncio.ensure_future(db.on_loop(j)) for j in joiners]
-        await _until(lambda: together.queued == len(joiners))
-        # Bounded: were they queued behind the held row, they would never finish.
-        done_meanwhile = await asyncio.wait_for(
-            asyncio.gather(*map(db.on_loop, others), return_exceptions=True), timeout=30
-        )
-        assert not first.done()  # still held
+        await _until(lambda: queue.queued == len(joiners))
         holder.rollback()
     led = await first
-    joined = await asyncio.gather(*rest, return_exceptions=True)
-    assert account_id not in (db._together or {})  # idle again, forgotten
-    return led, list(joined), list(done_meanwhile)
+    return led, list(await asyncio.gather(*rest, return_exceptions=True))
 
 
 def _on_a_loop(db: Database, scenario: Callable[[], Any]) -> Any:
@@ -198,14 +201,22 @@ def _on_a_loop(db: Database, scenario: Callable[[], Any]) -> Any:
     return asyncio.run(main())
 
 
+@pytest.fixture
+def patient(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Statements sent together wait a minute for a lock, not LOCK_WAIT_MS: these tests
+    hold a row to keep one in flight while others queue behind it."""
+    monkeypatch.setattr(together, "LOCK_WAIT_MS", 60_000)
+
+
 @pytest.mark.postgres
+@pytest.mark.usefixtures("patient")
 def test_statements_queued_behind_one_in_flight_commit_as_one_transaction(db: Database) -> None:
     acct = accounts.create_account(db, "together", credits_mc=0).account_id
 
     def joiner(n: int) -> Callable[[], Any]:
         return lambda: db.run_together(_INSERT_JOB, _job(acct, f"job_{n}"), key=acct)
 
-    led, joined, _ = _on_a_loop(
+    led, joined = _on_a_loop(
         db,
         lambda: _queue_behind_a_locked_row(
             db,
@@ -226,6 +237,7 @@ def test_statements_queued_behind_one_in_flight_commit_as_one_transaction(db: Da
 
 
 @pytest.mark.postgres
+@pytest.mark.usefixtures("patient")
 def test_one_statements_error_is_its_own_and_the_others_commit_alone(db: Database) -> None:
     acct = accounts.create_account(db, "together-error", credits_mc=0).account_id
     with db.begin() as s:  # job_dup exists: inserting it again fails
@@ -234,7 +246,7 @@ def test_one_statements_error_is_its_own_and_the_others_commit_alone(db: Databas
     def joiner(job_id: str) -> Callable[[], Any]:
         return lambda: db.run_together(_INSERT_JOB, _job(acct, job_id), key=acct)
 
-    _, joined, _ = _on_a_loop(
+    _, joined = _on_a_loop(
         db,
         lambda: _queue_behind_a_locked_row(
             db,
@@ -254,6 +266,7 @@ def test_one_statements_error_is_its_own_and_the_others_commit_alone(db: Databas
 
 
 @pytest.mark.postgres
+@pytest.mark.usefixtures("patient")
 def test_stores_claimed_together_keep_the_ledgers_guarantees(rt) -> None:  # type: ignore[no-untyped-def]
     """Eight stores queue behind a ninth while the account's row is held: credits cover
     five, and two of the eight share a request_id. Exactly five are held, none twice; the
@@ -285,7 +298,8 @@ def test_stores_claimed_together_keep_the_ledgers_guarantees(rt) -> None:  # typ
                 for args in calls[1:]:
                     tg.start_soon(one, args)
                 await anyio.wait_all_tasks_blocked()  # the others queued behind it
-                assert (rt.db._together or {})[acct].queued == len(calls) - 1
+                assert rt.db._together is not None
+                assert rt.db._together.queued == len(calls) - 1
                 other.rollback()
         await rt.db.close_loop()
 
@@ -323,24 +337,34 @@ def test_stores_claimed_together_keep_the_ledgers_guarantees(rt) -> None:  # typ
 
 
 @pytest.mark.postgres
-def test_another_accounts_statements_never_wait_behind_a_stalled_account(db: Database) -> None:
-    """Account A's row is held by another transaction, its claim in flight and two more
-    queued behind it: account B's statements go out and commit meanwhile, alone."""
+def test_another_accounts_statements_wait_at_most_the_lock_wait_behind_a_stalled_account(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Account A's row is held by another transaction and A's statement is in flight: B's
+    statements queue behind it, but once A's wait runs past LOCK_WAIT_MS it is undone
+    and runs again alone (and waits), and B's go out and commit while A's row is held."""
+    monkeypatch.setattr(together, "LOCK_WAIT_MS", 20)
     a = accounts.create_account(db, "stalled", credits_mc=0).account_id
     b = accounts.create_account(db, "free", credits_mc=0).account_id
 
     def job(acct: str, job_id: str) -> Callable[[], Any]:
         return lambda: db.run_together(_INSERT_JOB, _job(acct, job_id), key=acct)
 
-    _, joined, others = _on_a_loop(
-        db,
-        lambda: _queue_behind_a_locked_row(
-            db,
-            a,
-            lambda: db.run_together(_TOUCH, {"a": a}, key=a),
-            [job(a, "job_a1"), job(a, "job_a2")],
-            others=(job(b, "job_b1"), job(b, "job_b2")),
-        ),
-    )
-    assert [rows[0][0] for rows in others] == ["job_b1", "job_b2"]  # done while A waited
-    assert [rows[0][0] for rows in joined] == ["job_a1", "job_a2"]
+    async def scenario() -> tuple[list[Any], list[Any]]:
+        with db.engine.connect() as holder:
+            holder.begin()
+            holder.execute(text("SELECT 1 FROM accounts WHERE id = :a FOR UPDATE"), {"a": a})
+            stalled = asyncio.ensure_future(db.on_loop(job(a, "job_a")))
+            await _until(lambda: db._together is not None and db._together.busy)
+            # Bounded: were they held up until A's row is let go, they would never finish.
+            free = await asyncio.wait_for(
+                asyncio.gather(db.on_loop(job(b, "job_b1")), db.on_loop(job(b, "job_b2"))),
+                timeout=30,
+            )
+            assert not stalled.done()  # A's still waits for its row, alone now
+            holder.rollback()
+        return await stalled, free
+
+    stalled_rows, free_rows = _on_a_loop(db, scenario)
+    assert [rows[0][0] for rows in free_rows] == ["job_b1", "job_b2"]
+    assert stalled_rows[0][0] == "job_a"

@@ -46,6 +46,7 @@ from sqlalchemy.util import await_, greenlet_spawn
 
 from walkeep import nowait
 from walkeep.clock import Clock, SystemClock
+from walkeep.db import together
 from walkeep.db.together import Aborted, Statement, Together, pipeline
 from walkeep.errors import ConfigurationError
 
@@ -245,8 +246,11 @@ class Database:
         self._loop_engine: AsyncEngine | None = None
         self._on_loop: _Sessions | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        # Per key (account), the statement in flight on the loop and those waiting for it.
-        self._together: dict[str, Together] | None = None
+        # The loop's statement in flight and those waiting for it (walkeep/db/together.py),
+        # on connections of their own that wait at most together.LOCK_WAIT_MS for a lock.
+        self._together: Together | None = None
+        self._together_engine: AsyncEngine | None = None
+        self._together_sessions: _Sessions | None = None
 
     def _sessions(self) -> _Sessions:
         if _ON_LOOP.get() and self._on_loop is not None:
@@ -282,7 +286,18 @@ class Database:
             )
             _listen_pg(self._loop_engine.sync_engine)
             self._on_loop = _Sessions(self._loop_engine.sync_engine, self.clock, on_loop=True)
-            self._together = {}
+            self._together_engine = create_async_engine(
+                u,
+                hide_parameters=True,
+                pool_size=1,  # one statement or pipeline in flight at a time, and a spare
+                max_overflow=1,
+                connect_args={"options": f"-c lock_timeout={together.LOCK_WAIT_MS}"},
+            )
+            _listen_pg(self._together_engine.sync_engine)
+            self._together_sessions = _Sessions(
+                self._together_engine.sync_engine, self.clock, on_loop=True
+            )
+            self._together = Together(self._send_together)
             self._loop = loop
 
         def on_this_loop() -> T:
@@ -295,18 +310,20 @@ class Database:
     async def close_loop(self) -> None:
         """Close the event loop's connections, on the loop that used them (a server's
         shutdown)."""
-        engine, self._loop_engine, self._on_loop, self._loop = self._loop_engine, None, None, None
-        self._together = None
-        if engine is not None:
+        for engine in self._forget_loop_engines():
             await engine.dispose()
 
     def _drop_loop_engine(self) -> None:
         """Forget the loop engine without its loop: its connections close as they are
         collected (the server ends them when their sockets close)."""
-        engine, self._loop_engine, self._on_loop, self._loop = self._loop_engine, None, None, None
-        self._together = None
-        if engine is not None:
+        for engine in self._forget_loop_engines():
             engine.sync_engine.dispose(close=False)
+
+    def _forget_loop_engines(self) -> list[AsyncEngine]:
+        engines = [e for e in (self._loop_engine, self._together_engine) if e is not None]
+        self._loop_engine, self._on_loop, self._loop = None, None, None
+        self._together, self._together_engine, self._together_sessions = None, None, None
+        return engines
 
     @property
     def is_sqlite(self) -> bool:
@@ -430,30 +447,32 @@ class Database:
         self, statement: Prepared, params: Mapping[str, Any], *, key: str
     ) -> list[Any]:
         """``run_alone``, except that on the event loop on PostgreSQL the statement may
-        share its transaction with others of the same ``key`` (the account whose row they
-        lock) that arrived while one was in flight (walkeep/db/together.py): its rows or
-        its own error all the same. Statements of different keys never wait for each
-        other here."""
+        share its transaction with others that arrived while one was in flight
+        (walkeep/db/together.py): its rows or its own error all the same. ``key``: the
+        row it locks first (an account), which orders the statements of a transaction."""
         sessions = self._sessions()
-        queues = self._together
-        if not (self.is_postgres and sessions.on_loop and queues is not None):
+        queue, own = self._together, self._together_sessions
+        if not (self.is_postgres and sessions.on_loop and queue is not None and own):
             return self.run_alone(statement, params)
-        together = queues.get(key)
-        if together is not None:
-            sql, values = statement.bind(sessions.engine.dialect, params)
-            try:
-                return await_(together.join((sql, values)))  # type: ignore[no-any-return]
-            except Aborted:
-                return self.run_alone(statement, params)
-        together = queues[key] = Together(self._send_together, idle=lambda: queues.pop(key, None))
+        sql, values = statement.bind(sessions.engine.dialect, params)
         try:
+            if queue.busy:
+                return await_(queue.join((sql, values), key=key))  # type: ignore[no-any-return]
+            queue.lead()
+            try:
+                return self._pooled(
+                    own, sql, values, lambda c: await_(pipeline(c, [(sql, values)]))[0]
+                )
+            finally:
+                queue.release()
+        except (Aborted, DBAPIError):
+            # Undone — its own error, another's in its pipeline, or a row held past
+            # LOCK_WAIT_MS: alone, with the pool's ordinary waits, it meets its outcome.
             return self.run_alone(statement, params)
-        finally:
-            together.release()
 
     async def _send_together(self, statements: list[Statement]) -> list[list[Any]]:
-        """``Together``'s way out: one pipeline on a connection of the loop's pool."""
-        sessions = self._on_loop
+        """``Together``'s way out: one pipeline on a connection of its own pool."""
+        sessions = self._together_sessions
         assert sessions is not None
         sql, values = statements[0]
         return await greenlet_spawn(  # type: ignore[no-any-return]
