@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import func, insert, text, update
 from sqlalchemy.exc import IntegrityError
 
-from walkeep import pricing
+from walkeep import metrics, pricing
 from walkeep.db import Database, Prepared, together
 from walkeep.db.models import Account, WriteJob, table
 from walkeep.db.together import MAX_TOGETHER, Aborted, Statement, Together
@@ -191,6 +191,18 @@ async def _queue_behind_a_locked_row(
     return led, list(await asyncio.gather(*rest, return_exceptions=True))
 
 
+def _went_out(since: dict[str, int] | None = None) -> dict[str, int]:
+    """``walkeep_db_statements_together_total`` by how, since ``since``."""
+    counts = {
+        how: int(
+            metrics.REGISTRY.get_sample_value("walkeep_db_statements_together_total", {"how": how})
+            or 0
+        )
+        for how in ("alone", "pipelined", "rerun")
+    }
+    return {how: n - (since or {}).get(how, 0) for how, n in counts.items()}
+
+
 def _on_a_loop(db: Database, scenario: Callable[[], Any]) -> Any:
     async def main() -> Any:
         try:
@@ -212,6 +224,7 @@ def patient(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.usefixtures("patient")
 def test_statements_queued_behind_one_in_flight_commit_as_one_transaction(db: Database) -> None:
     acct = accounts.create_account(db, "together", credits_mc=0).account_id
+    before = _went_out()
 
     def joiner(n: int) -> Callable[[], Any]:
         return lambda: db.run_together(_INSERT_JOB, _job(acct, f"job_{n}"), key=acct)
@@ -229,6 +242,7 @@ def test_statements_queued_behind_one_in_flight_commit_as_one_transaction(db: Da
     assert [rows[0][0] for rows in joined] == ["job_0", "job_1", "job_2"]  # each its own rows
     txids = {rows[0][1] for rows in joined}
     assert len(txids) == 1 and leader_tx not in txids  # the three: one transaction
+    assert _went_out(since=before) == {"alone": 1, "pipelined": 3, "rerun": 0}
     with db.read() as s:
         assert (
             s.scalar(text("SELECT count(*) FROM write_jobs WHERE account_id = :a"), {"a": acct})
@@ -240,6 +254,7 @@ def test_statements_queued_behind_one_in_flight_commit_as_one_transaction(db: Da
 @pytest.mark.usefixtures("patient")
 def test_one_statements_error_is_its_own_and_the_others_commit_alone(db: Database) -> None:
     acct = accounts.create_account(db, "together-error", credits_mc=0).account_id
+    before = _went_out()
     with db.begin() as s:  # job_dup exists: inserting it again fails
         s.execute(insert(_J), _job(acct, "job_dup"))
 
@@ -263,6 +278,7 @@ def test_one_statements_error_is_its_own_and_the_others_commit_alone(db: Databas
     with db.read() as s:
         kept = set(s.scalars(text("SELECT id FROM write_jobs WHERE account_id = :a"), {"a": acct}))
     assert kept == {"job_dup", "job_x", "job_y"}
+    assert _went_out(since=before) == {"alone": 1, "pipelined": 0, "rerun": 3}
 
 
 @pytest.mark.postgres
@@ -346,6 +362,7 @@ def test_another_accounts_statements_wait_at_most_the_lock_wait_behind_a_stalled
     monkeypatch.setattr(together, "LOCK_WAIT_MS", 20)
     a = accounts.create_account(db, "stalled", credits_mc=0).account_id
     b = accounts.create_account(db, "free", credits_mc=0).account_id
+    before = _went_out()
 
     def job(acct: str, job_id: str) -> Callable[[], Any]:
         return lambda: db.run_together(_INSERT_JOB, _job(acct, job_id), key=acct)
@@ -363,8 +380,9 @@ def test_another_accounts_statements_wait_at_most_the_lock_wait_behind_a_stalled
             )
             assert not stalled.done()  # A's still waits for its row, alone now
             holder.rollback()
-        return await stalled, free
+        return await stalled, list(free)
 
     stalled_rows, free_rows = _on_a_loop(db, scenario)
     assert [rows[0][0] for rows in free_rows] == ["job_b1", "job_b2"]
     assert stalled_rows[0][0] == "job_a"
+    assert _went_out(since=before)["rerun"] >= 1  # A's, past its lock wait

@@ -92,6 +92,16 @@ QUILTS_WRITTEN = Counter(
     registry=REGISTRY,
 )
 
+STATEMENTS_TOGETHER = Counter(
+    "walkeep_db_statements_together_total",
+    "Statements (store claims) sent through the event loop's queue, walkeep/db/together.py, "
+    "by how they went out: alone (nothing was in flight), pipelined (with those that queued "
+    "behind one, in one transaction), rerun (undone -- an error, or a row lock waited on "
+    "past LOCK_WAIT_MS -- and run again alone).",
+    ["how"],
+    registry=REGISTRY,
+)
+
 
 def serve(port: int, host: str = "127.0.0.1") -> int:
     """Serve ``/metrics`` from this process on its own port (``walkeep worker

@@ -44,13 +44,17 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.util import await_, greenlet_spawn
 
-from walkeep import nowait
+from walkeep import metrics, nowait
 from walkeep.clock import Clock, SystemClock
 from walkeep.db import together
 from walkeep.db.together import Aborted, Statement, Together, pipeline
 from walkeep.errors import ConfigurationError
 
 T = TypeVar("T")
+# How statements went out through the loop's queue (``run_together``).
+_ALONE, _PIPELINED, _RERUN = (
+    metrics.STATEMENTS_TOGETHER.labels(how) for how in ("alone", "pipelined", "rerun")
+)
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 # SQLite checkpoints the WAL itself (in the committing connection) past this many pages:
@@ -457,17 +461,22 @@ class Database:
         sql, values = statement.bind(sessions.engine.dialect, params)
         try:
             if queue.busy:
-                return await_(queue.join((sql, values), key=key))  # type: ignore[no-any-return]
+                rows: list[Any] = await_(queue.join((sql, values), key=key))
+                _PIPELINED.inc()
+                return rows
             queue.lead()
             try:
-                return self._pooled(
+                rows = self._pooled(
                     own, sql, values, lambda c: await_(pipeline(c, [(sql, values)]))[0]
                 )
             finally:
                 queue.release()
+            _ALONE.inc()
+            return rows
         except (Aborted, DBAPIError):
             # Undone — its own error, another's in its pipeline, or a row held past
             # LOCK_WAIT_MS: alone, with the pool's ordinary waits, it meets its outcome.
+            _RERUN.inc()
             return self.run_alone(statement, params)
 
     async def _send_together(self, statements: list[Statement]) -> list[list[Any]]:

@@ -25,8 +25,8 @@ retries.
 
 On PostgreSQL, with the self-run relayer, steps 2–4 are ONE statement
 (``_claim_at_once``): same order and outcomes, but the account's row lock lasts
-that statement only; an account's claims that queue behind one of its own in flight go
-out together, as one transaction (walkeep/db/together.py). On SQLite they are one transaction on the
+that statement only; claims that queue behind one in flight go out together, as one
+transaction in account order (walkeep/db/together.py). On SQLite they are one transaction on the
 driver's connection, without a Session (``_claim_direct``). Either falls back to the
 general path when the account refuses, so that path alone says which limit.
 """
@@ -371,8 +371,8 @@ def _claim_at_once(
     Every insert selects from the account UPDATE, so if the account refuses (quota,
     credits) nothing is written and this returns False; a request id that exists
     raises IntegrityError (a replay) and nothing is written either. On the event loop,
-    the account's claims that arrive while one of its own is in flight share one
-    transaction (``Database.run_together``); each still gets its own outcome."""
+    claims that arrive while one is in flight share one transaction, in account order
+    (``Database.run_together``); each still gets its own outcome."""
     settings = rt.settings
     job = rt.relayer.job_row(  # type: ignore[attr-defined]
         staged, idempotency_key=job_key(memory.id, 1), epochs=settings.initial_epochs
