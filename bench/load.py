@@ -217,6 +217,12 @@ async def _run(
             await stack.enter_async_context(open_client(url, keys[cid % len(keys)], era))
             for cid in range(clients)
         ]
+        # One call per client, one client at a time, before the clock: each opens its
+        # connection alone. Opened at once, all sixteen went to one of `--workers 2`'s
+        # web processes (asyncio accepts every pending connection when it wakes), and
+        # the other served nothing.
+        for cid, call in enumerate(calls):
+            await call(content(burst.tag, cid, -1), f"{burst.tag}c{cid}-open")
         # The generator's own full collections (its heap holds the MCP SDK, SQLAlchemy…)
         # stopped every call in flight for ~120 ms every few seconds on a slow machine:
         # its p99, not the server's. As `walkeep serve` does, take what exists out of sight.
