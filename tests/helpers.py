@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from datetime import UTC, datetime
 
 from walkeep.service import accounts, completion
 from walkeep.service.runtime import Runtime
@@ -65,3 +66,21 @@ def writes_in_order(rt: Runtime, run) -> list[str]:  # type: ignore[no-untyped-d
     finally:
         event.remove(rt.db.engine, "before_cursor_execute", note)
     return seen
+
+
+def write_job_row(account_id: str, job_id: str) -> dict[str, object]:
+    """A ``write_jobs`` row with every column set: a statement to insert, not a store."""
+    now = datetime(2026, 12, 1, tzinfo=UTC)
+    return {
+        "id": job_id,
+        "account_id": account_id,
+        "namespace": "default",
+        "idempotency_key": f"k-{job_id}",
+        "ciphertext": b"\x00\x01",
+        "size_bytes": 2,
+        "epochs": 3,
+        "status": "pending",
+        "not_before": now,
+        "created_at": now,
+        "updated_at": now,
+    }

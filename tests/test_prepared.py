@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import func, insert, select, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 
+from tests.helpers import write_job_row
 from walkeep import ledger
 from walkeep.db import Database, Prepared, is_outage
 from walkeep.db.models import Memory, WriteJob, table
@@ -94,26 +95,9 @@ def test_prepared_keeps_sqlalchemys_integrity_error(db: Database) -> None:
         prepared.run(s, _memory_row(acct.account_id, "mem_once"))
 
 
-def _job_row(account_id: str, job_id: str) -> dict[str, object]:
-    now = datetime(2026, 12, 1, tzinfo=UTC)
-    return {
-        "id": job_id,
-        "account_id": account_id,
-        "namespace": "default",
-        "idempotency_key": f"k-{job_id}",
-        "ciphertext": b"\x00\x01",
-        "size_bytes": 2,
-        "epochs": 3,
-        "status": "pending",
-        "not_before": now,
-        "created_at": now,
-        "updated_at": now,
-    }
-
-
 def test_prepared_update_applies_its_literals_and_returns_rows(db: Database) -> None:
     acct = accounts.create_account(db, "literals", credits_mc=ledger.usd_to_mc("1"))
-    job = _job_row(acct.account_id, "job_prepared")
+    job = write_job_row(acct.account_id, "job_prepared")
     with db.begin() as s:
         Prepared(insert(table(WriteJob)), keys=tuple(job)).run(s, job)
         bump = Prepared(
@@ -131,7 +115,7 @@ def test_prepared_update_applies_its_literals_and_returns_rows(db: Database) -> 
 
 _INSERT_JOB = Prepared(
     insert(table(WriteJob)).returning(table(WriteJob).c.id, table(WriteJob).c.attempts),
-    keys=tuple(_job_row("a", "j")),
+    keys=tuple(write_job_row("a", "j")),
 )
 
 
@@ -149,14 +133,14 @@ def _on(where: str, db: Database, fn: Callable[[], T]) -> T:
 @pytest.mark.parametrize("where", ["thread", "loop"])
 def test_run_alone_commits_its_statement_and_returns_its_rows(db: Database, where: str) -> None:
     acct = accounts.create_account(db, f"alone-{where}", credits_mc=0).account_id
-    rows = _on(where, db, lambda: db.run_alone(_INSERT_JOB, _job_row(acct, f"job_{where}")))
+    rows = _on(where, db, lambda: db.run_alone(_INSERT_JOB, write_job_row(acct, f"job_{where}")))
     assert [tuple(r) for r in rows] == [(f"job_{where}", 0)]  # RETURNING, with the default
     with db.read() as s:  # committed: another connection sees it
         assert s.scalar(select(WriteJob.idempotency_key).where(WriteJob.id == f"job_{where}")) == (
             f"k-job_{where}"
         )
     with pytest.raises(IntegrityError):  # a duplicate surfaces as SQLAlchemy's error
-        _on(where, db, lambda: db.run_alone(_INSERT_JOB, _job_row(acct, f"job_{where}")))
+        _on(where, db, lambda: db.run_alone(_INSERT_JOB, write_job_row(acct, f"job_{where}")))
 
 
 @pytest.mark.postgres
@@ -170,10 +154,10 @@ def test_run_alone_gives_its_connection_back_as_it_took_it(db_url: str, where: s
     pid_of = Prepared(select(func.pg_backend_pid()))
 
     def then_roll_back() -> int:
-        db.run_alone(_INSERT_JOB, _job_row(acct, f"job_first_{where}"))
+        db.run_alone(_INSERT_JOB, write_job_row(acct, f"job_first_{where}"))
         with pytest.raises(RuntimeError), db.begin() as s:
-            Prepared(insert(table(WriteJob)), keys=tuple(_job_row("a", "j"))).run(
-                s, _job_row(acct, f"job_undone_{where}")
+            Prepared(insert(table(WriteJob)), keys=tuple(write_job_row("a", "j"))).run(
+                s, write_job_row(acct, f"job_undone_{where}")
             )
             raise RuntimeError("roll it back")
         return int(db.run_alone(pid_of, {})[0][0])
@@ -238,8 +222,8 @@ def test_run_alone_never_pools_a_connection_it_could_not_restore(
         assert int(db.run_alone(pid_of, {})[0][0]) != first  # a new connection
         acct = accounts.create_account(db, f"restore-{failure}", credits_mc=0).account_id
         with pytest.raises(RuntimeError), db.begin() as s:
-            Prepared(insert(table(WriteJob)), keys=tuple(_job_row("a", "j"))).run(
-                s, _job_row(acct, f"job_undone_{failure}")
+            Prepared(insert(table(WriteJob)), keys=tuple(write_job_row("a", "j"))).run(
+                s, write_job_row(acct, f"job_undone_{failure}")
             )
             raise RuntimeError("roll it back")
         with db.read() as s:

@@ -15,6 +15,7 @@ import pytest
 from sqlalchemy import func, insert, text, update
 from sqlalchemy.exc import IntegrityError
 
+from tests.helpers import write_job_row
 from walkeep import metrics, pricing
 from walkeep.db import Database, Prepared, together
 from walkeep.db.models import Account, WriteJob, table
@@ -124,39 +125,8 @@ _TOUCH = Prepared(
     .values(held_mc=_A.c.held_mc)
     .returning(func.txid_current())
 )
-_JOB_COLUMNS = (
-    "id",
-    "account_id",
-    "namespace",
-    "idempotency_key",
-    "ciphertext",
-    "size_bytes",
-    "epochs",
-    "status",
-    "not_before",
-    "created_at",
-    "updated_at",
-)
+_JOB_COLUMNS = tuple(write_job_row("a", "j"))
 _INSERT_JOB = Prepared(insert(_J).returning(_J.c.id, func.txid_current()), keys=_JOB_COLUMNS)
-
-
-def _job(account_id: str, job_id: str) -> dict[str, object]:
-    from datetime import UTC, datetime
-
-    now = datetime(2026, 12, 2, tzinfo=UTC)
-    return {
-        "id": job_id,
-        "account_id": account_id,
-        "namespace": "default",
-        "idempotency_key": f"k-{job_id}",
-        "ciphertext": b"\x00",
-        "size_bytes": 1,
-        "epochs": 3,
-        "status": "pending",
-        "not_before": now,
-        "created_at": now,
-        "updated_at": now,
-    }
 
 
 async def _until(condition: Callable[[], bool]) -> None:
@@ -227,7 +197,7 @@ def test_statements_queued_behind_one_in_flight_commit_as_one_transaction(db: Da
     before = _went_out()
 
     def joiner(n: int) -> Callable[[], Any]:
-        return lambda: db.run_together(_INSERT_JOB, _job(acct, f"job_{n}"), key=acct)
+        return lambda: db.run_together(_INSERT_JOB, write_job_row(acct, f"job_{n}"), key=acct)
 
     led, joined = _on_a_loop(
         db,
@@ -256,10 +226,10 @@ def test_one_statements_error_is_its_own_and_the_others_commit_alone(db: Databas
     acct = accounts.create_account(db, "together-error", credits_mc=0).account_id
     before = _went_out()
     with db.begin() as s:  # job_dup exists: inserting it again fails
-        s.execute(insert(_J), _job(acct, "job_dup"))
+        s.execute(insert(_J), write_job_row(acct, "job_dup"))
 
     def joiner(job_id: str) -> Callable[[], Any]:
-        return lambda: db.run_together(_INSERT_JOB, _job(acct, job_id), key=acct)
+        return lambda: db.run_together(_INSERT_JOB, write_job_row(acct, job_id), key=acct)
 
     _, joined = _on_a_loop(
         db,
@@ -365,7 +335,7 @@ def test_another_accounts_statements_wait_at_most_the_lock_wait_behind_a_stalled
     before = _went_out()
 
     def job(acct: str, job_id: str) -> Callable[[], Any]:
-        return lambda: db.run_together(_INSERT_JOB, _job(acct, job_id), key=acct)
+        return lambda: db.run_together(_INSERT_JOB, write_job_row(acct, job_id), key=acct)
 
     async def scenario() -> tuple[list[Any], list[Any]]:
         with db.engine.connect() as holder:
