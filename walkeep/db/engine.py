@@ -206,6 +206,18 @@ def _listen_pg(engine: Engine) -> None:
     event.listen(engine, "checkout", _ping_if_idle)
 
 
+def _wait_for_locks_briefly(dbapi_conn: Any, _record: Any) -> None:
+    """A connection for statements sent together (walkeep/db/together.py) waits at most
+    ``LOCK_WAIT_MS`` for a lock. Set by a statement, committed, rather than as a startup
+    option, which connection poolers such as PgBouncer refuse by default."""
+    cursor = dbapi_conn.cursor()
+    try:
+        cursor.execute(f"SET lock_timeout = {int(together.LOCK_WAIT_MS)}")
+    finally:
+        cursor.close()
+    dbapi_conn.commit()
+
+
 # Set inside ``Database.on_loop``: this call's statements await on the event loop.
 _ON_LOOP: ContextVar[bool] = ContextVar("walkeep_db_on_loop", default=False)
 
@@ -295,9 +307,9 @@ class Database:
                 hide_parameters=True,
                 pool_size=1,  # one statement or pipeline in flight at a time, and a spare
                 max_overflow=1,
-                connect_args={"options": f"-c lock_timeout={together.LOCK_WAIT_MS}"},
             )
             _listen_pg(self._together_engine.sync_engine)
+            event.listen(self._together_engine.sync_engine, "connect", _wait_for_locks_briefly)
             self._together_sessions = _Sessions(
                 self._together_engine.sync_engine, self.clock, on_loop=True
             )
