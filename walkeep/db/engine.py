@@ -454,9 +454,7 @@ class Database:
         sessions = self._sessions()
         sql, values = statement.bind(sessions.engine.dialect, params)
         if sessions.on_loop:
-            return self._pooled(
-                sessions, sql, values, lambda c: await_(pipeline(c, [(sql, values)]))[0]
-            )
+            return self._alone_on_loop(sessions, sql, values)
         return self._pooled(sessions, sql, values, lambda c: _alone(c, sql, values))
 
     def run_together(
@@ -478,9 +476,7 @@ class Database:
                 return rows
             queue.lead()
             try:
-                rows = self._pooled(
-                    own, sql, values, lambda c: await_(pipeline(c, [(sql, values)]))[0]
-                )
+                rows = self._alone_on_loop(own, sql, values)
             finally:
                 queue.release()
             _ALONE.inc()
@@ -490,6 +486,12 @@ class Database:
             # LOCK_WAIT_MS: alone, with the pool's ordinary waits, it meets its outcome.
             _RERUN.inc()
             return self.run_alone(statement, params)
+
+    def _alone_on_loop(self, sessions: _Sessions, sql: str, values: Mapping[str, Any]) -> list[Any]:
+        """One statement in autocommit on a connection of ``sessions``, awaited."""
+        return self._pooled(
+            sessions, sql, values, lambda c: await_(pipeline(c, [(sql, values)]))[0]
+        )
 
     async def _send_together(self, statements: list[Statement]) -> list[list[Any]]:
         """``Together``'s way out: one pipeline on a connection of its own pool."""

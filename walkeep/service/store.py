@@ -386,12 +386,7 @@ def _claim_at_once(
             memo=f"store {memory.id}",
             now=now,
         ),
-        **usage.counting(
-            memory.size_bytes,
-            now,
-            max_total_bytes=settings.max_total_bytes,
-            max_stores_per_day=settings.max_stores_per_day,
-        ),
+        **_counting(rt, memory.size_bytes, now),
         **{f"r_{k}": v for k, v in request.items()},
         **{f"j_{k}": v for k, v in job.items()},
         **{f"m_{k}": v for k, v in _row(memory).items()},
@@ -673,10 +668,6 @@ def _try_reserve(
     now: datetime,
 ) -> bool:
     """``_reserve``'s one UPDATE and one INSERT; False, having done nothing, if refused."""
-    s = rt.settings
-    params = usage.counting(
-        size, now, max_total_bytes=s.max_total_bytes, max_stores_per_day=s.max_stores_per_day
-    )
     held = ledger.try_hold_new(
         tx,
         account_id,
@@ -684,9 +675,17 @@ def _try_reserve(
         ref=hold_ref(memory_id, attempt),
         memo=f"store {memory_id}",
         stmt=_RESERVE_PREPARED,
-        params=params,
+        params=_counting(rt, size, now),
     )
     return held is not None
+
+
+def _counting(rt: Runtime, size: int, now: datetime) -> dict[str, int]:
+    """The usage-quota parameters of one store of ``size`` bytes (``usage.FITS``/``COUNT``)."""
+    s = rt.settings
+    return usage.counting(
+        size, now, max_total_bytes=s.max_total_bytes, max_stores_per_day=s.max_stores_per_day
+    )
 
 
 def _hold(
