@@ -191,7 +191,7 @@ def build_runtime(
         from walkeep.backends.self_relayer import SelfRelayer
         from walkeep.crypto import Keyring, load_master_key
         from walkeep.index.embedder import MiniLMEmbedder, load_embedder
-        from walkeep.index.vectors import VectorIndex
+        from walkeep.index.search import SearchIndex
 
         store: BlobStore
         if settings.relayer == "local":
@@ -209,12 +209,20 @@ def build_runtime(
         if isinstance(embedder, MiniLMEmbedder):  # the only one worth pausing
             embedder.between_batches = pressure.step_aside
         extras["embedder"] = embedder
+        keyring = Keyring(db, load_master_key(settings))
         relayer = SelfRelayer(
             db,
             clock,
             store,
-            Keyring(db, load_master_key(settings)),
-            VectorIndex(db, embedder),
+            keyring,
+            SearchIndex(
+                db,
+                embedder,
+                keyring.terms_key,
+                root=settings.data_dir / "index",
+                ranking=settings.recall_ranking,
+                cache_bytes=settings.index_cache_mb * 2**20,
+            ),
             chain.owner_address(),
             latency_ms=settings.local_write_latency_ms if settings.relayer == "local" else 0,
             max_backlog=settings.max_write_backlog,

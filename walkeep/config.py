@@ -57,6 +57,15 @@ class Settings(BaseSettings):
     sui_wal_coin_type: str | None = None
     sui_system_object_id: str | None = None
     embedder: Literal["auto", "minilm", "hash"] = "auto"
+    recall_ranking: Literal["hybrid", "dense", "lexical"] = Field(
+        default="hybrid",
+        description="How recall ranks: words (BM25) and meaning (embeddings) blended, or one alone.",
+    )
+    index_cache_mb: int = Field(
+        default=2048,
+        ge=16,
+        description="Search indexes a process keeps open, in MiB across accounts (LRU).",
+    )
 
     # --- product limits -------------------------------------------------------------
     max_memory_bytes: int = Field(default=256 * 1024, ge=1)

@@ -63,6 +63,9 @@ HEADER_LEN = len(HEADER)
 SIV_TAG_BYTES = 16
 
 _HKDF_INFO = b"walkeep/v1/aes-siv-512/content"
+# The lexical index's term MAC key (walkeep/index/terms.py): derived from the same
+# data key with another label, so it is per account and never the content key.
+_TERMS_INFO = b"walkeep/v1/blake2b-64/terms"
 _KEY_ID_DOMAIN = b"walkeep master key id v1\x00"
 # How long a reader waits for a concurrent creator to finish writing master.key
 # (only on filesystems without hard links, where creation is not atomic).
@@ -189,6 +192,10 @@ def master_key_id(key: bytes) -> str:
 # --- per-account data keys -----------------------------------------------------------
 
 
+def _terms_key_for(dek: bytes) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_TERMS_INFO).derive(dek)
+
+
 def _siv_for(dek: bytes) -> AESSIV:
     # AES-SIV-256 needs a 512-bit key (two AES-256 keys); DEKs stay 256-bit and
     # the SIV key is derived, so the stored key size is independent of the mode.
@@ -221,6 +228,7 @@ class Keyring:
         self._master = master_key
         self.master_key_id = master_key_id(master_key)
         self._ciphers: dict[str, AESSIV] = {}
+        self._terms_keys: dict[str, bytes] = {}
         self._lock = threading.Lock()
         self._account_locks: dict[str, threading.Lock] = {}
 
@@ -256,10 +264,21 @@ class Keyring:
                 "authentication failed: wrong account or tampered ciphertext"
             ) from None
 
+    def terms_key(self, account_id: str) -> bytes | None:
+        """The account's key for hashing index terms; None if it has no data key yet
+        (then it has no content either, so nothing to search)."""
+        with self._lock:
+            key = self._terms_keys.get(account_id)
+        if key is None and self._cipher(account_id, create=False) is not None:
+            with self._lock:
+                key = self._terms_keys.get(account_id)
+        return key
+
     def forget_cache(self) -> None:
         """Drop unwrapped keys from memory (they are re-read on next use)."""
         with self._lock:
             self._ciphers.clear()
+            self._terms_keys.clear()
 
     # -- internals -----------------------------------------------------------------
 
@@ -292,8 +311,10 @@ class Keyring:
                     return None
                 dek = self._create_dek(account_id)
             cipher = _siv_for(dek)
+            terms_key = _terms_key_for(dek)
             with self._lock:
                 self._ciphers[account_id] = cipher
+                self._terms_keys[account_id] = terms_key
             return cipher
 
     def _load_dek(self, account_id: str) -> bytes | None:

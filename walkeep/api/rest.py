@@ -126,6 +126,9 @@ class RecallIn(_In):
         default=None, min_length=1, max_length=255, pattern=NON_BLANK_IDENT
     )
     limit: int = Field(default=5, ge=1, le=50)
+    min_score: float = Field(
+        default=0.0, ge=0, le=1, description="Leave out results scoring below this (0-1)."
+    )
 
 
 class TopUpIn(_In):
@@ -157,7 +160,7 @@ async def store_route(body: StoreIn, who: Auth, rt: Rt) -> StoreResult:
     )
 
 
-@router.post("/recall", response_model=RecallResult, summary="Semantic search (free)")
+@router.post("/recall", response_model=RecallResult, summary="Search by words and meaning (free)")
 async def recall_route(body: RecallIn, who: Auth, rt: Rt) -> RecallResult:
     """Without ``namespace``: the key's default namespace, else every namespace."""
     return await call(  # type: ignore[no-any-return]
@@ -168,6 +171,7 @@ async def recall_route(body: RecallIn, who: Auth, rt: Rt) -> RecallResult:
         query=body.query,
         namespace=body.namespace or who.default_namespace,
         limit=body.limit,
+        min_score=body.min_score,
     )
 
 

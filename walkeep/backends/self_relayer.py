@@ -90,7 +90,7 @@ class SelfRelayer:
         clock: Clock,
         store: BlobStore,
         keyring,  # walkeep.crypto.Keyring
-        index,  # walkeep.index.vectors.VectorIndex
+        index,  # walkeep.index.search.SearchIndex
         owner: str,
         *,
         latency_ms: int = 0,

@@ -244,6 +244,9 @@ class Memory(Base):
         # check_runway's summary: the smallest memory ids of one status, and their
         # blobs, off the index alone.
         Index(None, "account_id", "status", "id", "blob_pk"),
+        # The search index learns which memories were forgotten, lapsed or revived
+        # since it last looked (walkeep/index/search.py).
+        Index(None, "account_id", "status_changed_at"),
     )
 
 
@@ -421,12 +424,31 @@ class Embedding(Base):
     model: Mapped[str] = mapped_column(String(64))
     dim: Mapped[int] = mapped_column(Integer)
     vector: Mapped[bytes] = mapped_column(LargeBinary)  # float32, L2-normalised
+    # The chunk's distinct keyed term hashes and frequencies (walkeep/index/terms.py):
+    # no readable word. NULL on rows from before the lexical index, until backfilled.
+    terms: Mapped[bytes | None] = mapped_column(LargeBinary)
     created_at: Mapped[datetime]
 
     __table_args__ = (
         Index(None, "account_id", "namespace", "model", "id"),
         UniqueConstraint("account_id", "blob_id", "model", "chunk"),
     )
+
+
+class IndexState(Base):
+    """How many times an account's index rows of one model were rewritten in place.
+
+    Rows are otherwise append-only, so "the newest row id" tells a cached index what
+    it lacks; a backfill or rebuild that rewrites rows bumps ``generation`` instead,
+    and every process drops the indexes it built before.
+    """
+
+    __tablename__ = "index_state"
+
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), primary_key=True)
+    model: Mapped[str] = mapped_column(String(64), primary_key=True)
+    generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    updated_at: Mapped[datetime]
 
 
 class DataKey(Base):

@@ -1,9 +1,13 @@
-"""``recall``: semantic search over this account's memories. Read-only and free.
+"""``recall``: search over this account's memories, by words and by meaning. Read-only, free.
 
-The relayer ranks; Walkeep's own registry decides what may be shown: only
-memories that are stored, not forgotten, not lapsed (invariant 6), in this
-account (invariant 7). Content is returned verbatim — it is data, never
-instructions (invariant 8).
+The relayer ranks (Walkeep's own index blends BM25 over keyed term hashes with
+embedding similarity: walkeep/index/ranking.py says what ``score`` means; it is
+always in [0, 1], higher is better, and ``min_score`` drops hits below it);
+Walkeep's own registry decides what may be shown: only memories that are
+stored, not forgotten, not lapsed (invariant 6), in this account (invariant 7).
+If too many of the ranked hits are not showable, it asks the ranking for more,
+so a caller still gets ``limit`` hits when that many exist. Content is returned
+verbatim — it is data, never instructions (invariant 8).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import logging
 from sqlalchemy import func, select
 
 from walkeep import lifecycle
+from walkeep.backends.base import SearchHit
 from walkeep.db.models import Blob, Memory
 from walkeep.errors import NotFound, ValidationError
 from walkeep.lifecycle import VISIBLE
@@ -24,6 +29,8 @@ log = logging.getLogger(__name__)
 
 LIMIT_MIN, LIMIT_MAX, LIMIT_DEFAULT = 1, 50, 5
 QUERY_MAX_CHARS = 4096
+# How many ranked hits to ask for at most when many are not showable.
+_MAX_CANDIDATES = 1000
 
 
 def recall(
@@ -33,6 +40,7 @@ def recall(
     query: str,
     namespace: str | None = None,
     limit: int = LIMIT_DEFAULT,
+    min_score: float = 0.0,
 ) -> RecallResult:
     if not isinstance(query, str) or not query.strip():
         raise ValidationError("query must be a non-empty string", {"field": "query"})
@@ -46,13 +54,42 @@ def recall(
             f"limit must be an integer from {LIMIT_MIN} to {LIMIT_MAX}",
             {"field": "limit", "minimum": LIMIT_MIN, "maximum": LIMIT_MAX},
         )
+    if (
+        isinstance(min_score, bool)
+        or not isinstance(min_score, int | float)
+        or not 0.0 <= float(min_score) <= 1.0
+    ):
+        raise ValidationError(
+            "min_score must be a number from 0 to 1",
+            {"field": "min_score", "minimum": 0, "maximum": 1},
+        )
     if namespace is not None:
         namespace = validate_namespace(namespace)
 
-    # Over-fetch: some hits may be forgotten, lapsed or still storing.
-    hits = rt.relayer.search(account_id, namespace, query, min(limit * 3 + 10, 200))
+    # Over-fetch: some hits may be forgotten, lapsed or still storing; if too many
+    # are, ask again for more (rare: the index already leaves out dead blobs).
+    want = min(limit * 3 + 10, _MAX_CANDIDATES)
+    while True:
+        hits = rt.relayer.search(account_id, namespace, query, want)
+        results = _showable(rt, account_id, namespace, hits, limit, float(min_score))
+        exhausted = len(hits) < want or (hits and hits[-1].score < min_score)
+        if len(results) >= limit or exhausted or want >= _MAX_CANDIDATES:
+            return RecallResult(results=results)
+        want = min(want * 4, _MAX_CANDIDATES)
+
+
+def _showable(
+    rt: Runtime,
+    account_id: str,
+    namespace: str | None,
+    hits: list[SearchHit],
+    limit: int,
+    min_score: float,
+) -> list[RecallHit]:
+    """The first ``limit`` hits that are visible memories of this account and scope."""
+    hits = [h for h in hits if h.score >= min_score]
     if not hits:
-        return RecallResult(results=[])
+        return []
     current = rt.chain.current_epoch()
     blob_ids = list(dict.fromkeys(h.blob_id for h in hits))
     q = (
@@ -100,4 +137,4 @@ def recall(
         )
         if len(results) >= limit:
             break
-    return RecallResult(results=results)
+    return results

@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
-from collections import OrderedDict
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from sqlalchemy import func, insert, select
@@ -37,8 +35,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
 
 from walkeep.db import Database
-from walkeep.db.models import Account, Embedding
+from walkeep.db.models import Account, Embedding, IndexState
 from walkeep.errors import NotFound
+from walkeep.index import terms
 from walkeep.index.embedder import Embedder
 
 log = logging.getLogger(__name__)
@@ -52,9 +51,6 @@ MAX_CHUNKS = 512
 # column: room for two million copies.
 COPY_STRIDE = 1024
 _ADD_ATTEMPTS = 8
-# How often (per cached matrix, by the database's clock) a cache re-verifies
-# that it holds every row below its high-water mark; see _fresh_matrix.
-RECOUNT_SECONDS = 10.0
 
 _SENTENCE_END = re.compile(r"""[.!?。！？][)"'\]]*\s+|\n\s*""")
 _SPACE = re.compile(r"\s+")
@@ -122,93 +118,40 @@ def _cut(text: str, lo: int, hi: int) -> int:
     return space + 1 if space >= lo else hi
 
 
-@dataclass(eq=False)
-class _Matrix:
-    """One cached (account, namespace-or-all, model) matrix, grown by appends."""
+@dataclass
+class RowBatch:
+    """Index rows read back for building a search index, in id order."""
 
-    dim: int
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    vecs: np.ndarray = field(init=False)
-    codes: np.ndarray = field(init=False)
-    n: int = 0
-    max_id: int = 0
-    counted_at: float = float("-inf")
-    blob_ids: list[str] = field(default_factory=list)
-    code_of: dict[str, int] = field(default_factory=dict)
+    ids: np.ndarray  # int64
+    blob_ids: list[str]
+    namespaces: list[str]
+    vectors: np.ndarray  # float32 (n, dim); a row of another dimension is zero
+    terms: list[tuple[np.ndarray, np.ndarray]]  # per row: (hashes uint64, tf uint16)
+    missing_terms: int = 0  # rows written before the lexical index (terms NULL)
 
-    def __post_init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self.vecs = np.zeros((0, self.dim), dtype=np.float32)
-        self.codes = np.zeros(0, dtype=np.int64)
-        self.n = 0
-        self.max_id = 0
-        self.counted_at = float("-inf")
-        self.blob_ids = []
-        self.code_of = {}
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.vecs.nbytes + self.codes.nbytes)
-
-    def append(self, ids: list[int], blob_ids: list[str], vectors: np.ndarray) -> None:
-        k = len(ids)
-        if k == 0:
-            return
-        need = self.n + k
-        if need > len(self.vecs):
-            cap = max(need, 2 * len(self.vecs), 256)
-            vecs = np.zeros((cap, self.dim), dtype=np.float32)
-            vecs[: self.n] = self.vecs[: self.n]
-            codes = np.zeros(cap, dtype=np.int64)
-            codes[: self.n] = self.codes[: self.n]
-            self.vecs, self.codes = vecs, codes
-        self.vecs[self.n : need] = vectors
-        for i, b in enumerate(blob_ids):
-            code = self.code_of.get(b)
-            if code is None:
-                code = self.code_of[b] = len(self.blob_ids)
-                self.blob_ids.append(b)
-            self.codes[self.n + i] = code
-        self.n = need
-        self.max_id = max(self.max_id, max(ids))
+    def __len__(self) -> int:
+        return len(self.ids)
 
 
-CacheKey = tuple[str, str | None, str]
+class IndexRows:
+    """The index rows of one embedding model: one per chunk of a blob's plaintext,
+    holding its vector and its keyed term hashes (``walkeep/index/terms.py``).
 
-
-class VectorIndex:
-    """Per-account semantic index over blob plaintexts.
-
-    ``add`` embeds (slow, background write path only); ``search`` embeds the
-    query and scores it against a cached matrix of the account's vectors.
-    Thread-safe. Caches are bounded by ``cache_max_rows`` vectors in total and
-    ``cache_max_entries`` matrices, evicted least-recently-used first.
-
-    Freshness: each query checks the newest row id of its (account, namespace,
-    model) with one index seek and loads only newer rows, so a write by another
-    process is visible on the next query. On PostgreSQL a row whose transaction
-    commits out of id order is picked up by a recount at most
-    ``recount_seconds`` later.
+    ``add`` embeds (slow, background write path only). Rows are append-only, so
+    "rows with id > the last id seen" is all a reader needs to catch up; a rewrite
+    in place (the terms backfill) bumps ``index_state.generation`` instead.
+    Thread-safe.
     """
 
     def __init__(
         self,
         db: Database,
         embedder: Embedder,
-        *,
-        cache_max_rows: int = 200_000,
-        cache_max_entries: int = 256,
-        recount_seconds: float = RECOUNT_SECONDS,
+        terms_key: Callable[[str], bytes | None],
     ) -> None:
         self._db = db
-        self._recount_seconds = recount_seconds
         self.embedder = embedder
-        self._cache_max_rows = cache_max_rows
-        self._cache_max_entries = cache_max_entries
-        self._caches: OrderedDict[CacheKey, _Matrix] = OrderedDict()
-        self._lock = threading.Lock()
+        self.terms_key = terms_key
 
     @property
     def model_id(self) -> str:
@@ -217,8 +160,19 @@ class VectorIndex:
     # -- writing -------------------------------------------------------------------
 
     def chunk(self, text: str) -> list[str]:
-        """The pieces of ``text`` that get one vector each (see :func:`chunk_text`)."""
+        """The pieces of ``text`` that get one row each (see :func:`chunk_text`)."""
         return chunk_text(text)
+
+    def _key(self, account_id: str) -> bytes:
+        key = self.terms_key(account_id)
+        if key is None:
+            # Content is encrypted before it is indexed, so its key exists.
+            raise NotFound("unknown account", {"account_id": account_id})
+        return key
+
+    def _packed_terms(self, account_id: str, chunks: Sequence[str]) -> list[bytes]:
+        key = self._key(account_id)
+        return [terms.pack(*terms.term_vector(key, c)) for c in chunks]
 
     def add(self, account_id: str, namespace: str, blob_id: str, text: str) -> int:
         """Index ``text`` (the plaintext of ``blob_id``) for one namespace; returns rows written.
@@ -232,15 +186,26 @@ class VectorIndex:
         copies = self._copies(account_id, blob_id)
         if namespace in copies.values():
             return 0
-        vectors: list[bytes]
+        pairs: list[tuple[bytes, bytes | None]]
         if copies:
-            # Same blob_id in this account ⇒ same plaintext: reuse a copy's vectors.
-            vectors = self._copy_vectors(account_id, blob_id, min(copies))
+            # Same blob_id in this account ⇒ same plaintext: reuse a copy's rows.
+            pairs = self._copy_rows(account_id, blob_id, min(copies))
+            if any(t is None for _, t in pairs):
+                chunks = self.chunk(text)
+                pairs = [
+                    (v, t)
+                    for (v, _), t in zip(
+                        pairs, self._packed_terms(account_id, chunks), strict=False
+                    )
+                ]
         else:
             chunks = self.chunk(text)
             if not chunks:
                 return 0
-            vectors = [encode_vector(v) for v in self.embedder.embed(chunks)]
+            packed = self._packed_terms(account_id, chunks)
+            pairs = list(
+                zip((encode_vector(v) for v in self.embedder.embed(chunks)), packed, strict=True)
+            )
         for _ in range(_ADD_ATTEMPTS):
             try:
                 with self._db.begin() as s:
@@ -266,12 +231,13 @@ class VectorIndex:
                                 "model": model,
                                 "dim": dim,
                                 "vector": vec,
+                                "terms": packed_terms,
                                 "created_at": now,
                             }
-                            for i, vec in enumerate(vectors)
+                            for i, (vec, packed_terms) in enumerate(pairs)
                         ],
                     )
-                    return len(vectors)
+                    return len(pairs)
             except IntegrityError:
                 # A concurrent add took the same chunk numbers (PostgreSQL; SQLite
                 # serialises writers): look again, it may have been this namespace.
@@ -289,7 +255,7 @@ class VectorIndex:
         cheaper than one ``add`` each. Same idempotency as ``add``; on any
         conflict it falls back to ``add`` per item. Returns rows written.
         """
-        model, dim = self.embedder.model_id, self.embedder.dim
+        model = self.embedder.model_id
         todo: list[tuple[str, str, str, str, list[str]]] = []
         written = 0
         # One query for what is already indexed, instead of one per item.
@@ -309,7 +275,7 @@ class VectorIndex:
                     known.setdefault((account_id, b), set()).add(ns)
         # A blob already indexed, or met earlier in this batch (identical content is one
         # patch: two stores of the same text within a quilt window share a blob id),
-        # reuses the first copy's vectors through ``add``, after the bulk insert. Bulk-
+        # reuses the first copy's rows through ``add``, after the bulk insert. Bulk-
         # inserting it too would violate the index's UNIQUE key and send the whole batch
         # down the one-``add``-per-item path, embedding every text separately.
         in_batch: set[tuple[str, str]] = set()
@@ -325,23 +291,23 @@ class VectorIndex:
             if chunks:
                 in_batch.add((account_id, blob_id))
                 todo.append((account_id, namespace, blob_id, text, chunks))
-        written += self._add_bulk(todo, model, dim)
+        written += self._add_bulk(todo)
         for item in copies_later:
             written += self.add(*item)
         return written
 
-    def _add_bulk(
-        self, todo: list[tuple[str, str, str, str, list[str]]], model: str, dim: int
-    ) -> int:
+    def _add_bulk(self, todo: list[tuple[str, str, str, str, list[str]]]) -> int:
         """Embed every chunk of ``todo`` in one call and insert them in one transaction."""
         if not todo:
             return 0
+        model, dim = self.embedder.model_id, self.embedder.dim
         flat = [c for *_, chunks in todo for c in chunks]
         vectors = [encode_vector(v) for v in self.embedder.embed(flat)]
         now = self._db.clock.now()
         rows: list[dict[str, object]] = []
         pos = 0
         for account_id, namespace, blob_id, _text, chunks in todo:
+            packed = self._packed_terms(account_id, chunks)
             for i in range(len(chunks)):
                 rows.append(
                     {
@@ -352,6 +318,7 @@ class VectorIndex:
                         "model": model,
                         "dim": dim,
                         "vector": vectors[pos],
+                        "terms": packed[i],
                         "created_at": now,
                     }
                 )
@@ -365,7 +332,7 @@ class VectorIndex:
             return sum(self.add(a, ns, b, text) for a, ns, b, text, _chunks in todo)
 
     def _copies(self, account_id: str, blob_id: str) -> dict[int, str]:
-        """Existing copies of this blob's vectors: copy number → namespace."""
+        """Existing copies of this blob's rows: copy number → namespace."""
         with self._db.read() as s:
             rows = s.execute(
                 select(Embedding.namespace, Embedding.chunk).where(
@@ -377,11 +344,13 @@ class VectorIndex:
             ).all()
         return {c // COPY_STRIDE: ns for ns, c in rows}
 
-    def _copy_vectors(self, account_id: str, blob_id: str, copy: int) -> list[bytes]:
+    def _copy_rows(
+        self, account_id: str, blob_id: str, copy: int
+    ) -> list[tuple[bytes, bytes | None]]:
         lo = copy * COPY_STRIDE
         with self._db.read() as s:
-            rows = s.scalars(
-                select(Embedding.vector)
+            rows = s.execute(
+                select(Embedding.vector, Embedding.terms)
                 .where(
                     Embedding.account_id == account_id,
                     Embedding.blob_id == blob_id,
@@ -391,10 +360,10 @@ class VectorIndex:
                 )
                 .order_by(Embedding.chunk)
             ).all()
-        return [bytes(v) for v in rows]
+        return [(bytes(v), None if t is None else bytes(t)) for v, t in rows]
 
     def indexed(self, account_id: str, blob_id: str, namespace: str | None = None) -> bool:
-        """Whether ``blob_id`` has vectors of the active model (in ``namespace``, if given)."""
+        """Whether ``blob_id`` has rows of the active model (in ``namespace``, if given)."""
         conds = [
             Embedding.account_id == account_id,
             Embedding.blob_id == blob_id,
@@ -407,151 +376,117 @@ class VectorIndex:
 
     # -- reading -------------------------------------------------------------------
 
-    def search(
+    def _conds(self, account_id: str) -> list[ColumnElement[bool]]:
+        return [Embedding.account_id == account_id, Embedding.model == self.embedder.model_id]
+
+    def head(self, account_id: str) -> tuple[int, int]:
+        """(newest row id, generation) of the account's rows: one round trip per query.
+
+        ORDER BY … LIMIT 1 rather than max(): with stale statistics PostgreSQL
+        aggregates over every index entry instead of reading the last one.
+        """
+        newest = (
+            select(Embedding.id)
+            .where(*self._conds(account_id))
+            .order_by(Embedding.id.desc())
+            .limit(1)
+            .scalar_subquery()
+        )
+        generation = (
+            select(IndexState.generation)
+            .where(IndexState.account_id == account_id, IndexState.model == self.model_id)
+            .scalar_subquery()
+        )
+        with self._db.read() as s:
+            row = s.execute(select(newest, generation)).one()
+        return int(row[0] or 0), int(row[1] or 0)
+
+    def count(self, account_id: str, above: int, upto: int) -> int:
+        """Rows with ``above < id <= upto`` (an index-only range)."""
+        with self._db.read() as s:
+            return int(
+                s.scalar(
+                    select(func.count()).where(
+                        *self._conds(account_id), Embedding.id > above, Embedding.id <= upto
+                    )
+                )
+                or 0
+            )
+
+    def load(
         self,
         account_id: str,
-        namespace: str | None,
-        query: str,
-        limit: int,
         *,
-        exclude: Collection[str] = (),
-    ) -> list[tuple[str, float]]:
-        """Top ``limit`` distinct blob_ids by cosine similarity to ``query``, best first.
-
-        ``namespace=None`` searches all of the account's namespaces. A blob's
-        score is its best chunk's, rounded to 4 decimals. Blob ids in
-        ``exclude`` (e.g. forgotten ones) are skipped before the cut, so the
-        caller still gets up to ``limit`` live results. No similarity
-        threshold: MiniLM scores of unrelated texts reach 0.5, so ranking is
-        the signal, not the absolute value.
-        """
-        if limit <= 0:
-            return []
-        q = self.embedder.embed([query])[0]
-        m = self._fresh_matrix(account_id, namespace)
-        with m.lock:
-            if m.n == 0:
-                return []
-            # einsum, not ``@``: a matrix-vector product through OpenBLAS fans out to
-            # its thread pool, which on a busy 2-core host measured 16 ms median
-            # for 10k x 384 against 0.6 ms for einsum's single-threaded SIMD loop.
-            scores = np.einsum("ij,j->i", m.vecs[: m.n], q.astype(np.float32, copy=False))
-            nblobs = len(m.blob_ids)
-            if nblobs == m.n and m.codes[m.n - 1] == m.n - 1:
-                best = scores  # one chunk per blob, in code order
-            else:
-                best = np.full(nblobs, -np.inf, dtype=np.float32)
-                np.maximum.at(best, m.codes[: m.n], scores)
-            if exclude:
-                for b in exclude:
-                    code = m.code_of.get(b)
-                    if code is not None:
-                        best[code] = -np.inf
-            k = min(limit, nblobs)
-            top = np.argpartition(-best, k - 1)[:k] if k < nblobs else np.arange(nblobs)
-            top = top[np.argsort(-best[top], kind="stable")]
-            return [(m.blob_ids[c], round(float(best[c]), 4)) for c in top if best[c] > -np.inf]
-
-    def _filters(self, account_id: str, namespace: str | None) -> list[ColumnElement[bool]]:
-        # Only indexed columns (account_id, namespace, model, id): the per-query
-        # freshness count then reads the index alone, never the 1.5 KB rows.
-        conds = [Embedding.account_id == account_id, Embedding.model == self.embedder.model_id]
-        if namespace is not None:
-            conds.insert(1, Embedding.namespace == namespace)
-        return conds
-
-    def _fresh_matrix(self, account_id: str, namespace: str | None) -> _Matrix:
-        key: CacheKey = (account_id, namespace, self.embedder.model_id)
-        with self._lock:
-            m = self._caches.get(key)
-            if m is None:
-                m = self._caches[key] = _Matrix(dim=self.embedder.dim)
-            self._caches.move_to_end(key)
-        conds = self._filters(account_id, namespace)
-        with m.lock:
-            # Per query: the newest id. ORDER BY … LIMIT 1 rather than max(): with
-            # stale statistics PostgreSQL aggregates over every index entry
-            # (3.5 ms at 10k) instead of reading the last one (0.06 ms).
-            with self._db.read() as s:
-                max_id = (
-                    s.scalar(
-                        select(Embedding.id).where(*conds).order_by(Embedding.id.desc()).limit(1)
-                    )
-                    or 0
-                )
-            if max_id > m.max_id:
-                self._load(m, conds, since=m.max_id)
-            elif max_id < m.max_id:  # rows were deleted (not done today): start over
-                m.reset()
-                self._load(m, conds, since=0)
-            # "ids above the high-water mark" is exact on SQLite, whose writers are
-            # serialised, but on PostgreSQL a transaction holding a lower id can
-            # commit after one holding a higher id. Every ``recount_seconds`` a
-            # count of the rows up to the mark (an index-only range, O(rows))
-            # catches such a straggler; it is the only bounded staleness here.
-            now = self._db.clock.time()
-            if now - m.counted_at >= self._recount_seconds or now < m.counted_at:
-                with self._db.read() as s:
-                    upto = int(
-                        s.scalar(select(func.count()).where(*conds, Embedding.id <= m.max_id)) or 0
-                    )
-                m.counted_at = now
-                if upto != m.n:
-                    log.info("vector cache %s missed %s late rows: reloading", key, upto - m.n)
-                    m.reset()
-                    self._load(m, conds, since=0)
-        self._evict(keep=key)
-        return m
-
-    def _load(self, m: _Matrix, conds: list[ColumnElement[bool]], since: int) -> None:
+        above: int = 0,
+        upto: int | None = None,
+        ids: Collection[int] | None = None,
+        blob_ids: Collection[str] | None = None,
+        batch: int = 20_000,
+        progress: Callable[[int], None] | None = None,
+    ) -> RowBatch:
+        """The account's rows with ``above < id <= upto`` (or those ``ids`` / ``blob_ids``),
+        in id order, streamed from the database in batches."""
+        dim = self.embedder.dim
+        conds = self._conds(account_id)
+        if ids is not None:
+            conds.append(Embedding.id.in_(list(ids)))
+        elif blob_ids is not None:
+            conds.append(Embedding.blob_id.in_(list(blob_ids)))
+        else:
+            conds.append(Embedding.id > above)
+            if upto is not None:
+                conds.append(Embedding.id <= upto)
+        out_ids: list[int] = []
+        out_blobs: list[str] = []
+        out_ns: list[str] = []
+        vecs: list[bytes] = []
+        out_terms: list[tuple[np.ndarray, np.ndarray]] = []
+        missing = 0
+        last = above if ids is None and blob_ids is None else None
+        zero = bytes(4 * dim)
         with self._db.read() as s:
-            rows = s.execute(
-                select(Embedding.id, Embedding.blob_id, Embedding.dim, Embedding.vector)
-                .where(*conds, Embedding.id > since)
-                .order_by(Embedding.id)
-            ).all()
-        if not rows:
-            return
-        blobs = []
-        for row_id, blob_id, dim, vec in rows:
-            if dim != m.dim or len(vec) != 4 * m.dim:
-                # Same model id, other dimension: corrupt or misconfigured. Keep the
-                # row (as a zero vector that never ranks) so counts stay aligned.
-                log.error(
-                    "embedding row %s (blob %s) has dim %s, expected %s",
-                    row_id,
-                    blob_id,
-                    dim,
-                    m.dim,
+            while True:
+                q = (
+                    select(
+                        Embedding.id,
+                        Embedding.blob_id,
+                        Embedding.namespace,
+                        Embedding.dim,
+                        Embedding.vector,
+                        Embedding.terms,
+                    )
+                    .where(*conds)
+                    .order_by(Embedding.id)
                 )
-                vec = bytes(4 * m.dim)
-            blobs.append(bytes(vec))
-        m.append([r[0] for r in rows], [r[1] for r in rows], decode_vectors(blobs, m.dim))
-
-    def _evict(self, keep: CacheKey) -> None:
-        with self._lock:
-            total = sum(c.n for c in self._caches.values())
-            while len(self._caches) > 1 and (
-                total > self._cache_max_rows or len(self._caches) > self._cache_max_entries
-            ):
-                oldest = next(iter(self._caches))
-                if oldest == keep:
-                    self._caches.move_to_end(keep)
-                    oldest = next(iter(self._caches))
-                total -= self._caches.pop(oldest).n
-
-    def cache_info(self) -> dict[str, int]:
-        """Cached matrices and vectors (for metrics and tests)."""
-        with self._lock:
-            return {
-                "matrices": len(self._caches),
-                "rows": sum(c.n for c in self._caches.values()),
-                "bytes": sum(c.nbytes for c in self._caches.values()),
-            }
-
-    def clear_cache(self) -> None:
-        with self._lock:
-            self._caches.clear()
+                if last is not None:
+                    q = q.where(Embedding.id > last).limit(batch)
+                rows = s.execute(q).all()
+                for row_id, blob_id, namespace, row_dim, vec, packed in rows:
+                    out_ids.append(row_id)
+                    out_blobs.append(blob_id)
+                    out_ns.append(namespace)
+                    if row_dim != dim or len(vec) != 4 * dim:
+                        # Same model id, other dimension: corrupt or misconfigured. Keep
+                        # the row (as a zero vector that never ranks) so counts align.
+                        log.error("index row %s has dim %s, expected %s", row_id, row_dim, dim)
+                        vec = zero
+                    vecs.append(bytes(vec))
+                    if packed is None:
+                        missing += 1
+                    out_terms.append(terms.unpack(None if packed is None else bytes(packed)))
+                if progress is not None:
+                    progress(len(rows))
+                if last is None or len(rows) < batch:
+                    break
+                last = rows[-1][0]
+        return RowBatch(
+            ids=np.asarray(out_ids, dtype=np.int64),
+            blob_ids=out_blobs,
+            namespaces=out_ns,
+            vectors=decode_vectors(vecs, dim),
+            terms=out_terms,
+            missing_terms=missing,
+        )
 
 
 __all__ = [
@@ -559,7 +494,8 @@ __all__ = [
     "CHUNK_OVERLAP",
     "COPY_STRIDE",
     "MAX_CHUNKS",
-    "VectorIndex",
+    "IndexRows",
+    "RowBatch",
     "chunk_text",
     "decode_vectors",
     "encode_vector",

@@ -1,0 +1,62 @@
+"""How recall ranks: BM25 for words, cosine for meaning, one blended score. Pure.
+
+``score`` in a recall hit is always in [0, 1], higher is better:
+
+* ``dense`` — the embedding's cosine similarity, clipped at 0.
+* ``lexical`` — BM25 divided by the query's ideal BM25 (every query term present,
+  at saturating frequency, in a document of average length): the share of the
+  query a memory matches, weighted by how rare each matched word is.
+* ``hybrid`` (the default) — ``DENSE_WEIGHT · dense + (1 − DENSE_WEIGHT) · lexical``
+  over the union of both rankings' candidates, each candidate scored by both.
+
+A weighted sum rather than reciprocal-rank fusion because it keeps a score a
+caller can threshold (``min_score``) and it ranked better on our benchmark
+(bench/recall_quality.py, tuned on its dev half only; README "Recall quality").
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+
+Ranking = Literal["hybrid", "dense", "lexical"]
+RANKINGS: tuple[Ranking, ...] = ("hybrid", "dense", "lexical")
+
+# BM25 (Robertson/Lucene): term-frequency saturation and length normalisation.
+K1 = 1.2
+B = 0.75
+# Tuned on the dev half of bench/recall_quality.py (README, "Recall quality").
+DENSE_WEIGHT = 0.6
+
+
+def idf(df: np.ndarray | int, n: int) -> np.ndarray:
+    """Lucene's BM25 idf, always positive: ``ln(1 + (N − df + ½) / (df + ½))``."""
+    d = np.asarray(df, dtype=np.float64)
+    return np.log1p((n - d + 0.5) / (d + 0.5))
+
+
+def tf_weight(tf: np.ndarray, doc_len: np.ndarray, avg_len: float) -> np.ndarray:
+    """BM25's saturating term-frequency factor, in [0, K1 + 1)."""
+    t = tf.astype(np.float64)
+    norm = K1 * (1.0 - B + B * doc_len.astype(np.float64) / max(avg_len, 1e-9))
+    return t * (K1 + 1.0) / (t + norm)
+
+
+def ideal(idfs: np.ndarray) -> float:
+    """An upper bound of any document's BM25 for a query with these term idfs."""
+    return float(np.sum(idfs) * (K1 + 1.0))
+
+
+def fuse(cos: np.ndarray, lexical: np.ndarray, ranking: Ranking) -> np.ndarray:
+    """The score in [0, 1] of candidates with cosine ``cos`` and normalised BM25 ``lexical``."""
+    dense = np.clip(cos, 0.0, 1.0)
+    lex = np.clip(lexical, 0.0, 1.0)
+    if ranking == "dense":
+        return dense
+    if ranking == "lexical":
+        return lex
+    return DENSE_WEIGHT * dense + (1.0 - DENSE_WEIGHT) * lex
+
+
+__all__ = ["DENSE_WEIGHT", "K1", "RANKINGS", "B", "Ranking", "fuse", "ideal", "idf", "tf_weight"]

@@ -1,0 +1,451 @@
+"""``SearchIndex``: hybrid recall over an account's memories, bounded in memory, fast after a restart.
+
+Three layers, each derived from the one before (``../shared/DESIGN.md`` §8):
+
+1. the memories themselves (encrypted content in the blob store) — the truth;
+2. index rows in the database (``walkeep/index/rows.py``): per chunk, its vector
+   and its keyed term hashes, written when a write lands;
+3. per (account, model) a segment on disk (``walkeep/index/segment.py``) plus,
+   in each process, the rows written since (``walkeep/index/shard.py``).
+
+A query costs one round trip to learn the account's newest row id and index
+generation, loads only newer rows, and answers from memory-mapped files; a
+fresh process opens the segment instead of re-reading a million rows. Once the
+rows after the segment reach ``merge_rows``, a background thread writes the next
+generation (under a per-directory file lock, so one process per host does it)
+and every process switches to it on its next query.
+
+Trust nothing on disk blindly: a segment from another model, analyzer or index
+generation, or whose files disagree with their description, is rebuilt from the
+rows; on PostgreSQL, where a transaction can commit a lower row id after a higher
+one, the rows just below each mark are recounted every ``recount_seconds``.
+
+Dead blobs (no visible memory left: forgotten, lapsed, compacted away) are learnt
+from ``memories.status_changed_at`` at most every ``refresh_seconds``, and from a
+full scan when a segment is written; the recall service still checks each hit.
+
+The cache of shards is bounded in bytes across accounts (``cache_bytes``, counting
+each segment's files as if resident) and evicts the least recently used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+from sqlalchemy import select
+
+from walkeep.db import Database
+from walkeep.db.models import Memory
+from walkeep.index import ranking as rk
+from walkeep.index import segment as seglib
+from walkeep.index import terms as termlib
+from walkeep.index.embedder import Embedder
+from walkeep.index.rows import IndexRows, RowBatch
+from walkeep.index.shard import Shard
+from walkeep.lifecycle import VISIBLE
+
+log = logging.getLogger(__name__)
+
+MERGE_ROWS = 20_000
+RECOUNT_SECONDS = 10.0
+REFRESH_SECONDS = 1.0
+# Rows just below a mark that a late PostgreSQL commit may still add.
+STRAGGLER_WINDOW = 5_000
+# Index rows of a blob no memory points at yet (its write is landing) stay live
+# this long before a full scan calls them dead.
+LANDING_GRACE = timedelta(hours=1)
+DEFAULT_CACHE_BYTES = 2 * 2**30
+
+_SAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+class SearchIndex:
+    """Hybrid (lexical + dense) search over each account's index rows."""
+
+    def __init__(
+        self,
+        db: Database,
+        embedder: Embedder,
+        terms_key: Callable[[str], bytes | None],
+        *,
+        root: Path,
+        ranking: rk.Ranking = "hybrid",
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+        merge_rows: int = MERGE_ROWS,
+        ann_min_rows: int = seglib.ANN_MIN_ROWS,
+        recount_seconds: float = RECOUNT_SECONDS,
+        refresh_seconds: float = REFRESH_SECONDS,
+        background: bool = True,
+    ) -> None:
+        self._db = db
+        self.rows = IndexRows(db, embedder, terms_key)
+        self.terms_key = terms_key
+        self.root = root
+        self.ranking: rk.Ranking = ranking
+        self.cache_bytes = cache_bytes
+        self.merge_rows = merge_rows
+        self.ann_min_rows = ann_min_rows
+        self.recount_seconds = recount_seconds
+        self.refresh_seconds = refresh_seconds
+        self.background = background
+        self._shards: OrderedDict[tuple[str, str], Shard] = OrderedDict()
+        self._lock = threading.Lock()
+        self._account_locks: dict[str, threading.Lock] = {}
+        self._merging: set[str] = set()
+        self._exact_ids = db.is_sqlite  # writers serialised: ids commit in order
+
+    @property
+    def embedder(self) -> Embedder:
+        return self.rows.embedder
+
+    @embedder.setter
+    def embedder(self, embedder: Embedder) -> None:
+        """Switch models (tests; a deployment restarts): other models' rows are never read."""
+        self.rows.embedder = embedder
+
+    @property
+    def model_id(self) -> str:
+        return self.embedder.model_id
+
+    # -- writing (the landing path) ---------------------------------------------------
+
+    def chunk(self, text: str) -> list[str]:
+        return self.rows.chunk(text)
+
+    def add(self, account_id: str, namespace: str, blob_id: str, text: str) -> int:
+        return self.rows.add(account_id, namespace, blob_id, text)
+
+    def add_many(self, items: Sequence[tuple[str, str, str, str]]) -> int:
+        return self.rows.add_many(items)
+
+    def indexed(self, account_id: str, blob_id: str, namespace: str | None = None) -> bool:
+        return self.rows.indexed(account_id, blob_id, namespace)
+
+    # -- searching --------------------------------------------------------------------
+
+    def search(
+        self, account_id: str, namespace: str | None, query: str, limit: int
+    ) -> list[tuple[str, float]]:
+        """Up to ``limit`` (blob_id, score) of live memories' blobs, best first."""
+        if limit <= 0:
+            return []
+        ranking = self.ranking
+        qvec = self.embedder.embed([query])[0] if ranking != "lexical" else None
+        qterms = None
+        if ranking != "dense":
+            key = self.terms_key(account_id)
+            if key is None:
+                return []  # no data key: the account never stored anything
+            qterms = termlib.hash_terms(key, termlib.terms(query))
+        shard = self.shard(account_id)
+        with shard.lock:
+            return shard.search(qvec, qterms, namespace, limit, ranking)
+
+    def shard(self, account_id: str) -> Shard:
+        """The account's shard, brought up to date with the database."""
+        max_id, generation = self.rows.head(account_id)
+        key = (account_id, self.model_id)
+        with self._lock:
+            shard = self._shards.get(key)
+            if shard is not None:
+                self._shards.move_to_end(key)
+        if shard is None or shard.generation != generation or self._moved(account_id, shard):
+            with self._account_lock(account_id):
+                with self._lock:
+                    shard = self._shards.get(key)
+                if (
+                    shard is None
+                    or shard.generation != generation
+                    or self._moved(account_id, shard)
+                ):
+                    shard = self._open_or_build(account_id, generation)
+                    with self._lock:
+                        self._shards[key] = shard
+                        self._shards.move_to_end(key)
+        with shard.lock:
+            if max_id > shard.max_id:
+                shard.append(self.rows.load(account_id, above=shard.max_id, upto=max_id))
+            self._recount(account_id, shard)
+            self._refresh_dead(account_id, shard)
+            pending = shard.n_delta
+        if pending >= self.merge_rows:
+            self._merge_soon(account_id)
+        self._evict(keep=key)
+        return shard
+
+    # -- opening, building, merging ----------------------------------------------------
+
+    def directory(self, account_id: str) -> Path:
+        return self.root / _SAFE.sub("_", account_id) / _SAFE.sub("_", self.model_id)
+
+    def _moved(self, account_id: str, shard: Shard) -> bool:
+        """Whether another process published a newer generation than the shard's."""
+        current = seglib.current(self.directory(account_id))
+        return (current.name if current else None) != shard.segment_name
+
+    def _open_or_build(self, account_id: str, generation: int) -> Shard:
+        path = seglib.current(self.directory(account_id))
+        if path is not None:
+            try:
+                seg = seglib.open_segment(
+                    path,
+                    account_id=account_id,
+                    model=self.model_id,
+                    dim=self.embedder.dim,
+                    analyzer=termlib.ANALYZER_VERSION,
+                )
+                if seg.meta.generation == generation:
+                    shard = Shard(account_id, self.embedder.dim, generation, seg, path.name)
+                    self._check_stragglers(account_id, shard, seg)
+                    return shard
+                log.info(
+                    "search index of %s is from generation %s: rebuilding",
+                    account_id,
+                    seg.meta.generation,
+                )
+            except seglib.SegmentInvalid as exc:
+                log.warning(
+                    "search index of %s at %s is unusable (%s): rebuilding", account_id, path, exc
+                )
+        return self._build(account_id, generation, with_ann=False)
+
+    def _build(
+        self,
+        account_id: str,
+        generation: int,
+        *,
+        with_ann: bool,
+        progress: Callable[[int], None] | None = None,
+    ) -> Shard:
+        """A shard from the rows alone, written to disk as a new generation."""
+        as_of = self._db.clock.time()
+        max_id, _ = self.rows.head(account_id)
+        batch = self.rows.load(account_id, upto=max_id, progress=progress)
+        if batch.missing_terms:
+            log.warning(
+                "%s of %s's index rows have no terms yet: run `walkeep index rebuild`",
+                batch.missing_terms,
+                account_id,
+            )
+        seg = self._segment_from(account_id, generation, batch, as_of, with_ann)
+        root = self.directory(account_id)
+        with _file_lock(root, blocking=False) as locked:
+            if locked:
+                seglib.save(seg, root)
+        if seg.path is None:
+            # Another thread or process is writing a generation: serve this one from
+            # memory and switch to theirs when it is published.
+            current = seglib.current(root)
+            return Shard(
+                account_id, self.embedder.dim, generation, seg, current.name if current else None
+            )
+        return Shard(account_id, self.embedder.dim, generation, seg, seg.path.name)
+
+    def _segment_from(
+        self, account_id: str, generation: int, batch: RowBatch, as_of: float, with_ann: bool
+    ) -> seglib.Segment:
+        dead = self._dead_blobs(account_id, set(batch.blob_ids))
+        return seglib.build(
+            account_id=account_id,
+            model=self.model_id,
+            dim=self.embedder.dim,
+            analyzer=termlib.ANALYZER_VERSION,
+            generation=generation,
+            row_ids=batch.ids,
+            blob_ids=batch.blob_ids,
+            namespaces=batch.namespaces,
+            vec_i8=seglib.quantise(batch.vectors),
+            row_terms=batch.terms,
+            dead_blobs=dead,
+            dead_as_of=as_of,
+            ann_min_rows=self.ann_min_rows if with_ann else 2**62,
+        )
+
+    def _merge_soon(self, account_id: str) -> None:
+        with self._lock:
+            if account_id in self._merging:
+                return
+            self._merging.add(account_id)
+
+        def run() -> None:
+            try:
+                self.merge(account_id)
+            except Exception:
+                log.exception("merging the search index of %s failed", account_id)
+            finally:
+                with self._lock:
+                    self._merging.discard(account_id)
+
+        if self.background:
+            threading.Thread(target=run, name=f"index-merge-{account_id}", daemon=True).start()
+        else:
+            run()
+
+    def merge(self, account_id: str, *, progress: Callable[[int], None] | None = None) -> bool:
+        """Write the next generation (all rows, graph included when big enough).
+
+        One process per host at a time (a file lock): if another holds it, this
+        returns False and that process's generation will be picked up instead.
+        """
+        root = self.directory(account_id)
+        with _file_lock(root, blocking=False) as locked:
+            if not locked:
+                return False
+            as_of = self._db.clock.time()
+            max_id, generation = self.rows.head(account_id)
+            batch = self.rows.load(account_id, upto=max_id, progress=progress)
+            seg = self._segment_from(account_id, generation, batch, as_of, with_ann=True)
+            seglib.save(seg, root)
+            assert seg.path is not None
+            log.info(
+                "search index of %s: generation %s written (%s rows)",
+                account_id,
+                seg.path.name,
+                seg.n,
+            )
+        return True
+
+    def _check_stragglers(self, account_id: str, shard: Shard, seg: seglib.Segment) -> None:
+        """On PostgreSQL, rows just below the segment's mark committed after it was written."""
+        if self._exact_ids or seg.n == 0:
+            return
+        hw = seg.meta.high_water
+        lo = max(0, hw - STRAGGLER_WINDOW)
+        have = seg.n - int(np.searchsorted(seg.row_ids, lo, side="right"))
+        if self.rows.count(account_id, lo, hw) != have:
+            shard.append(self.rows.load(account_id, above=lo, upto=hw))
+
+    def _recount(self, account_id: str, shard: Shard) -> None:
+        if self._exact_ids:
+            return
+        now = self._db.clock.time()
+        if abs(now - shard.counted_at) < self.recount_seconds:
+            return
+        shard.counted_at = now
+        hw = shard.segment.meta.high_water if shard.segment is not None else 0
+        lo = max(0, hw - STRAGGLER_WINDOW)
+        seg_have = 0
+        if shard.segment is not None:
+            seg_have = shard.n_seg - int(np.searchsorted(shard.segment.row_ids, lo, side="right"))
+        held = seg_have + shard.n_delta
+        if self.rows.count(account_id, lo, shard.max_id) != held:
+            log.info("search index of %s missed late rows: loading them", account_id)
+            shard.append(self.rows.load(account_id, above=lo, upto=shard.max_id))
+
+    # -- dead blobs -------------------------------------------------------------------
+
+    def _dead_blobs(self, account_id: str, indexed: set[str]) -> set[str]:
+        """Indexed blobs no visible memory points at (a full scan: only when writing)."""
+        with self._db.read() as s:
+            rows = s.execute(
+                select(Memory.blob_id, Memory.status).where(
+                    Memory.account_id == account_id, Memory.blob_id.is_not(None)
+                )
+            ).all()
+        referenced: set[str] = set()
+        live: set[str] = set()
+        for blob_id, status in rows:
+            referenced.add(blob_id)
+            if status in VISIBLE:
+                live.add(blob_id)
+        # A blob no memory points at yet is landing (kept live); one whose memories all
+        # left it (forgotten, lapsed, compacted away) is dead.
+        return {b for b in indexed if b in referenced and b not in live}
+
+    def _refresh_dead(self, account_id: str, shard: Shard) -> None:
+        """Learn which blobs died or came back since the shard last looked."""
+        now = self._db.clock.time()
+        if now - shard.dead_as_of < self.refresh_seconds and now >= shard.dead_as_of:
+            return
+        since = None
+        if shard.dead_as_of > float("-inf"):
+            # Overlap a little: on PostgreSQL a change can commit after a later one,
+            # and status_changed_at comes from each writer's own clock.
+            since = datetime.fromtimestamp(shard.dead_as_of, UTC) - timedelta(
+                seconds=2 if self._exact_ids else 30
+            )
+        with self._db.read() as s:
+            q = select(Memory.blob_id).where(
+                Memory.account_id == account_id, Memory.blob_id.is_not(None)
+            )
+            if since is not None:
+                q = q.where(Memory.status_changed_at >= since)
+            changed = {b for (b,) in s.execute(q.distinct())}
+            live: set[str] = set()
+            for chunk in _chunks(sorted(changed), 500):
+                live.update(
+                    s.scalars(
+                        select(Memory.blob_id)
+                        .where(
+                            Memory.account_id == account_id,
+                            Memory.blob_id.in_(chunk),
+                            Memory.status.in_(list(VISIBLE)),
+                        )
+                        .distinct()
+                    )
+                )
+        for blob_id in changed:
+            shard.set_dead(blob_id, blob_id not in live)
+        shard.dead_as_of = now
+
+    # -- cache ------------------------------------------------------------------------
+
+    def _account_lock(self, account_id: str) -> threading.Lock:
+        with self._lock:
+            return self._account_locks.setdefault(account_id, threading.Lock())
+
+    def _evict(self, keep: tuple[str, str]) -> None:
+        with self._lock:
+            total = sum(s.nbytes for s in self._shards.values())
+            while len(self._shards) > 1 and total > self.cache_bytes:
+                oldest = next(iter(self._shards))
+                if oldest == keep:
+                    self._shards.move_to_end(keep)
+                    oldest = next(iter(self._shards))
+                total -= self._shards.pop(oldest).nbytes
+
+    def cache_info(self) -> dict[str, int]:
+        """Loaded shards and the bytes they may occupy (for metrics and tests)."""
+        with self._lock:
+            return {
+                "shards": len(self._shards),
+                "rows": sum(s.n_seg + s.n_delta for s in self._shards.values()),
+                "bytes": sum(s.nbytes for s in self._shards.values()),
+            }
+
+    def clear_cache(self) -> None:
+        with self._lock:
+            self._shards.clear()
+
+
+def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+@contextlib.contextmanager
+def _file_lock(root: Path, *, blocking: bool) -> Iterator[bool]:
+    """An exclusive lock on ``root/lock`` (one writer of a directory per host)."""
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / "lock", "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+__all__ = ["DEFAULT_CACHE_BYTES", "MERGE_ROWS", "SearchIndex"]

@@ -1,0 +1,437 @@
+"""One account's live search index in a process: a segment on disk plus the rows after it.
+
+``Shard`` answers a query from the memory-mapped segment (``walkeep/index/segment.py``)
+and an in-memory *delta* of the rows written since the segment was built, as if
+they were one index. It also knows which blobs are dead (no visible memory: all
+forgotten, lapsed, or moved by compaction), so that they are left out *before*
+the top-k cut and out of BM25's statistics: document count, average length and
+document frequency are those of the live rows in the query's namespace scope.
+The caller (``walkeep/index/search.py``) keeps it fresh; recall still checks
+every hit against the memories table, so a blob that died a moment ago is never
+shown even before the shard learns of it.
+
+Row positions: ``0 … n_seg − 1`` are the segment's rows, then the delta's.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from walkeep.index import ranking as rk
+from walkeep.index.rows import RowBatch
+from walkeep.index.segment import Segment, quantise
+
+# An approximate search asks the graph for this many times more rows than it
+# needs, because dead or out-of-scope rows are dropped after it answers.
+_OVERSAMPLE = 2.0
+# Below this share of the segment in scope, exact search over the scope's rows
+# beats asking the graph for a great many neighbours and dropping most.
+_ANN_MIN_SCOPE = 0.1
+_EMPTY_I = np.zeros(0, dtype=np.int64)
+
+
+@dataclass
+class _Scope:
+    """Which rows a query may see, and BM25's statistics over them."""
+
+    ok: np.ndarray  # bool [n_total]
+    seg_rows: np.ndarray | None  # positions of in-scope segment rows (None = all)
+    live_rows: int
+    avg_len: float
+
+
+@dataclass
+class Shard:
+    """Segment + delta + dead blobs of one (account, model). Guard with ``lock``."""
+
+    account_id: str
+    dim: int
+    generation: int
+    segment: Segment | None
+    segment_name: str | None = None
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    max_id: int = 0
+    dead_as_of: float = float("-inf")
+    counted_at: float = float("-inf")
+    # the delta
+    d_ids: list[int] = field(default_factory=list)
+    d_blob: list[int] = field(default_factory=list)
+    d_ns: list[int] = field(default_factory=list)
+    d_len: list[int] = field(default_factory=list)
+    d_vecs: list[np.ndarray] = field(default_factory=list)
+    d_post: dict[int, tuple[list[int], list[int]]] = field(default_factory=dict)
+    d_idset: set[int] = field(default_factory=set)
+    # blobs and namespaces the segment does not know
+    new_blobs: list[str] = field(default_factory=list)
+    new_codes: dict[str, int] = field(default_factory=dict)
+    namespaces: list[str] = field(default_factory=list)
+    ns_codes: dict[str, int] = field(default_factory=dict)
+    dead: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    dead_version: int = 0
+    _cache: dict[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        seg = self.segment
+        if seg is not None:
+            self.max_id = seg.meta.high_water
+            self.dead_as_of = seg.meta.dead_as_of
+            self.namespaces = list(seg.meta.namespaces)
+            self.dead = np.array(seg.dead, dtype=bool)
+        self.ns_codes = {ns: i for i, ns in enumerate(self.namespaces)}
+
+    # -- sizes -----------------------------------------------------------------------
+
+    @property
+    def n_seg(self) -> int:
+        return self.segment.n if self.segment is not None else 0
+
+    @property
+    def n_delta(self) -> int:
+        return len(self.d_ids)
+
+    @property
+    def n_blobs_seg(self) -> int:
+        return len(self.segment.blob_ids) if self.segment is not None else 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this shard may hold: the segment's files (mapped) and the delta."""
+        seg = self.segment.nbytes if self.segment is not None else 0
+        postings = sum(len(r) for r, _ in self.d_post.values())
+        return seg + self.n_delta * (4 * self.dim + 64) + postings * 16 + len(self.dead)
+
+    # -- blobs -----------------------------------------------------------------------
+
+    def code(self, blob_id: str) -> int | None:
+        c = self.new_codes.get(blob_id)
+        if c is None and self.segment is not None:
+            c = self.segment.blob_code(blob_id)
+        return c
+
+    def blob_id(self, code: int) -> str:
+        nb = self.n_blobs_seg
+        if code < nb:
+            assert self.segment is not None
+            return bytes(self.segment.blob_ids[code]).decode("ascii")
+        return self.new_blobs[code - nb]
+
+    def _code_for(self, blob_id: str) -> int:
+        c = self.code(blob_id)
+        if c is None:
+            c = self.n_blobs_seg + len(self.new_blobs)
+            self.new_blobs.append(blob_id)
+            self.new_codes[blob_id] = c
+            self.dead = np.append(self.dead, False)
+        return c
+
+    def set_dead(self, blob_id: str, dead: bool) -> None:
+        c = self.code(blob_id)
+        if c is not None and bool(self.dead[c]) != dead:
+            self.dead[c] = dead
+            self.dead_version += 1
+            self._cache.clear()
+
+    def _ns_code(self, namespace: str) -> int:
+        c = self.ns_codes.get(namespace)
+        if c is None:
+            c = self.ns_codes[namespace] = len(self.namespaces)
+            self.namespaces.append(namespace)
+        return c
+
+    # -- growing ---------------------------------------------------------------------
+
+    def has_row(self, row_id: int) -> bool:
+        if row_id in self.d_idset:
+            return True
+        seg = self.segment
+        if seg is None or row_id > seg.meta.high_water:
+            return False
+        i = int(np.searchsorted(seg.row_ids, row_id))
+        return i < seg.n and int(seg.row_ids[i]) == row_id
+
+    def append(self, batch: RowBatch) -> int:
+        """Add rows the shard does not hold yet; returns how many were new."""
+        added = 0
+        base = self.n_seg
+        for i in range(len(batch)):
+            row_id = int(batch.ids[i])
+            if self.has_row(row_id):
+                continue
+            pos = base + len(self.d_ids)
+            self.d_ids.append(row_id)
+            self.d_idset.add(row_id)
+            self.d_blob.append(self._code_for(batch.blob_ids[i]))
+            self.d_ns.append(self._ns_code(batch.namespaces[i]))
+            keys, tfs = batch.terms[i]
+            self.d_len.append(int(tfs.sum()))
+            self.d_vecs.append(batch.vectors[i])
+            for k, tf in zip(keys.tolist(), tfs.tolist(), strict=True):
+                rows, freqs = self.d_post.setdefault(k, ([], []))
+                rows.append(pos)
+                freqs.append(tf)
+            self.max_id = max(self.max_id, row_id)
+            added += 1
+        if added:
+            self._cache.clear()
+        return added
+
+    # -- arrays over all rows --------------------------------------------------------
+
+    def _delta_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        cached = self._cache.get("delta")
+        if cached is None:
+            vecs = (
+                np.vstack(self.d_vecs).astype(np.float32, copy=False)
+                if self.d_vecs
+                else np.zeros((0, self.dim), dtype=np.float32)
+            )
+            cached = (
+                np.asarray(self.d_blob, dtype=np.int64),
+                np.asarray(self.d_ns, dtype=np.int64),
+                np.asarray(self.d_len, dtype=np.float64),
+                vecs,
+            )
+            self._cache["delta"] = cached
+        return cached  # type: ignore[return-value]
+
+    def _row_blob(self, rows: np.ndarray) -> np.ndarray:
+        out = np.empty(len(rows), dtype=np.int64)
+        n = self.n_seg
+        in_seg = rows < n
+        if self.segment is not None:
+            out[in_seg] = self.segment.row_blob[rows[in_seg]]
+        d_blob = self._delta_arrays()[0]
+        out[~in_seg] = d_blob[rows[~in_seg] - n]
+        return out
+
+    def _row_len(self, rows: np.ndarray) -> np.ndarray:
+        out = np.empty(len(rows), dtype=np.float64)
+        n = self.n_seg
+        in_seg = rows < n
+        if self.segment is not None:
+            out[in_seg] = self.segment.row_len[rows[in_seg]]
+        out[~in_seg] = self._delta_arrays()[2][rows[~in_seg] - n]
+        return out
+
+    def _scope(self, namespace: str | None) -> _Scope | None:
+        """The rows a query in ``namespace`` (None: all) may see; None if none exist."""
+        key = f"scope:{namespace}"
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached  # type: ignore[return-value]
+        ns = None
+        if namespace is not None:
+            ns = self.ns_codes.get(namespace)
+            if ns is None:
+                return None
+        d_blob, d_ns, d_len, _ = self._delta_arrays()
+        parts: list[np.ndarray] = []
+        total_len = 0.0
+        seg_rows: np.ndarray | None = None
+        seg = self.segment
+        if seg is not None and seg.n:
+            ok_seg = ~self.dead[seg.row_blob]
+            if ns is not None:
+                ok_seg &= seg.row_ns == ns
+            if not ok_seg.all():
+                seg_rows = np.flatnonzero(ok_seg)
+            total_len += float(seg.row_len[ok_seg].sum(dtype=np.float64))
+            parts.append(ok_seg)
+        ok_delta = ~self.dead[d_blob] if len(d_blob) else np.zeros(0, dtype=bool)
+        if ns is not None and len(d_ns):
+            ok_delta &= d_ns == ns
+        total_len += float(d_len[ok_delta].sum()) if len(d_len) else 0.0
+        parts.append(ok_delta)
+        ok = np.concatenate(parts) if parts else np.zeros(0, dtype=bool)
+        live = int(ok.sum())
+        if live == 0:
+            return None
+        scope = _Scope(ok=ok, seg_rows=seg_rows, live_rows=live, avg_len=total_len / live)
+        self._cache[key] = scope
+        return scope
+
+    # -- searching -------------------------------------------------------------------
+
+    def search(
+        self,
+        qvec: np.ndarray | None,
+        qterms: np.ndarray | None,
+        namespace: str | None,
+        limit: int,
+        ranking: rk.Ranking,
+    ) -> list[tuple[str, float]]:
+        """The ``limit`` best live blobs in scope, best first, with scores in [0, 1]."""
+        scope = self._scope(namespace)
+        if scope is None or limit <= 0:
+            return []
+        want = max(limit, 20)
+        dense_rows, dense_cos = (
+            self._dense(qvec, scope, want)
+            if qvec is not None and ranking != "lexical"
+            else (_EMPTY_I, np.zeros(0))
+        )
+        lex_rows, lex_all = (
+            self._lexical(qterms, scope, want)
+            if qterms is not None and len(qterms) and ranking != "dense"
+            else (_EMPTY_I, None)
+        )
+        cand = np.union1d(dense_rows, lex_rows)
+        if len(cand) == 0:
+            return []
+        if ranking == "lexical":
+            cos = np.zeros(len(cand))
+        else:
+            cos = np.empty(len(cand))
+            pos = np.searchsorted(dense_rows, cand)
+            pos = np.minimum(pos, max(len(dense_rows) - 1, 0))
+            known = (dense_rows[pos] == cand) if len(dense_rows) else np.zeros(len(cand), bool)
+            cos[known] = dense_cos[pos[known]]
+            if (~known).any():
+                assert qvec is not None
+                cos[~known] = self._cosine(qvec, cand[~known])
+        if lex_all is None:
+            lex = np.zeros(len(cand))
+        else:
+            lex = lex_all(cand)
+        fused = rk.fuse(cos, lex, ranking)
+        order = np.argsort(-fused, kind="stable")
+        blobs = self._row_blob(cand[order])
+        _, first = np.unique(blobs, return_index=True)
+        first.sort()
+        out: list[tuple[str, float]] = []
+        for i in first[:limit]:
+            out.append((self.blob_id(int(blobs[i])), round(float(fused[order[i]]), 4)))
+        return out
+
+    def _dense(self, qvec: np.ndarray, scope: _Scope, want: int) -> tuple[np.ndarray, np.ndarray]:
+        """In-scope rows nearest ``qvec`` (sorted by row) and their cosine."""
+        rows: list[np.ndarray] = []
+        sims: list[np.ndarray] = []
+        seg = self.segment
+        q8 = quantise(qvec[None, :])[0]
+        if seg is not None and seg.n:
+            in_scope = seg.n if scope.seg_rows is None else len(scope.seg_rows)
+            if in_scope:
+                r, s = self._dense_segment(seg, q8, scope, want, in_scope)
+                rows.append(r)
+                sims.append(s)
+        n = self.n_seg
+        if self.n_delta:
+            vecs = self._delta_arrays()[3]
+            ok = scope.ok[n:]
+            s = np.einsum("ij,j->i", vecs, qvec.astype(np.float32, copy=False))
+            s = np.where(ok, s, -np.inf)
+            k = min(want, len(s))
+            top = np.argpartition(-s, k - 1)[:k] if k < len(s) else np.arange(len(s))
+            top = top[np.isfinite(s[top])]
+            rows.append(top + n)
+            sims.append(s[top].astype(np.float64))
+        if not rows:
+            return _EMPTY_I, np.zeros(0)
+        r_all = np.concatenate(rows).astype(np.int64)
+        s_all = np.concatenate(sims)
+        if len(r_all) > want:
+            keep = np.argpartition(-s_all, want - 1)[:want]
+            r_all, s_all = r_all[keep], s_all[keep]
+        order = np.argsort(r_all)
+        return r_all[order], s_all[order]
+
+    def _dense_segment(
+        self, seg: Segment, q8: np.ndarray, scope: _Scope, want: int, in_scope: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        from usearch.index import search as exact_search
+
+        if seg.ann is not None and in_scope >= _ANN_MIN_SCOPE * seg.n:
+            count = min(seg.n, math.ceil(want * _OVERSAMPLE * seg.n / in_scope) + 16)
+            m = seg.ann.search(q8, count)  # type: ignore[attr-defined]
+            keys = np.asarray(m.keys, dtype=np.int64)
+            dist = np.asarray(m.distances, dtype=np.float64)
+            ok = scope.ok[keys]
+            if ok.sum() >= min(want, in_scope) or count >= seg.n:
+                return keys[ok][:want], 1.0 - dist[ok][:want]
+        # Exact: over all rows, or over the scope's rows gathered.
+        if scope.seg_rows is None:
+            data, index = seg.vec_i8, None
+        else:
+            index = scope.seg_rows
+            data = seg.vec_i8[index]
+        k = min(want, len(data))
+        m = exact_search(np.ascontiguousarray(data), q8, k, "cos", exact=True)
+        keys = np.asarray(m.keys, dtype=np.int64)
+        dist = np.asarray(m.distances, dtype=np.float64)
+        if index is not None:
+            keys = index[keys]
+        return keys, 1.0 - dist
+
+    def _cosine(self, qvec: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Exact cosine of ``qvec`` with the given rows (int8 for the segment's)."""
+        out = np.empty(len(rows))
+        n = self.n_seg
+        in_seg = rows < n
+        if in_seg.any():
+            assert self.segment is not None
+            v = self.segment.vec_i8[rows[in_seg]].astype(np.float32)
+            norms = np.linalg.norm(v, axis=1)
+            norms[norms == 0] = 1.0
+            out[in_seg] = (v @ qvec.astype(np.float32)) / norms
+        if (~in_seg).any():
+            vecs = self._delta_arrays()[3]
+            out[~in_seg] = vecs[rows[~in_seg] - n] @ qvec.astype(np.float32)
+        return out
+
+    def _lexical(self, qterms: np.ndarray, scope: _Scope, want: int):  # type: ignore[no-untyped-def]
+        """BM25 over in-scope rows: (the top rows, sorted; a scorer of any rows)."""
+        n_total = self.n_seg + self.n_delta
+        seg = self.segment
+        row_parts: list[np.ndarray] = []
+        w_parts: list[np.ndarray] = []
+        idfs: list[float] = []
+        for key in qterms.tolist():
+            r_seg, tf_seg = seg.postings(key) if seg is not None else (_EMPTY_I, _EMPTY_I)
+            d = self.d_post.get(key)
+            if d is not None:
+                rows = np.concatenate([r_seg, np.asarray(d[0])]).astype(np.int64)
+                tfs = np.concatenate([tf_seg, np.asarray(d[1])])
+            else:
+                rows, tfs = np.asarray(r_seg, dtype=np.int64), np.asarray(tf_seg)
+            if len(rows) == 0:
+                continue
+            ok = scope.ok[rows]
+            rows, tfs = rows[ok], tfs[ok]
+            df = len(rows)
+            if df == 0:
+                continue
+            idf = float(rk.idf(df, scope.live_rows))
+            idfs.append(idf)
+            row_parts.append(rows)
+            w_parts.append(idf * rk.tf_weight(tfs, self._row_len(rows), scope.avg_len))
+        if not row_parts:
+            return _EMPTY_I, None
+        top_score = rk.ideal(np.asarray(idfs))
+        rows = np.concatenate(row_parts)
+        weights = np.concatenate(w_parts) / top_score
+        if len(rows) * 8 > n_total:
+            acc = np.bincount(rows, weights=weights, minlength=n_total)
+            hit = np.flatnonzero(acc)
+            scores = acc[hit]
+        else:
+            hit, inverse = np.unique(rows, return_inverse=True)
+            scores = np.bincount(inverse, weights=weights)
+        k = min(want, len(hit))
+        top = np.argpartition(-scores, k - 1)[:k] if k < len(hit) else np.arange(len(hit))
+        top_rows = hit[top]
+        order = np.argsort(top_rows)
+
+        def scorer(cand: np.ndarray) -> np.ndarray:
+            i = np.searchsorted(hit, cand)
+            i = np.minimum(i, len(hit) - 1)
+            return np.where(hit[i] == cand, scores[i], 0.0)
+
+        return top_rows[order], scorer
+
+
+__all__ = ["Shard"]
