@@ -139,6 +139,9 @@ class Settings(BaseSettings):
     sweep_interval_seconds: float = Field(default=600, gt=0)
     reconcile_payments_interval_seconds: float = Field(default=120, gt=0)
     reconcile_renewals_interval_seconds: float = Field(default=60, gt=0)
+    reindex_interval_seconds: float = Field(
+        default=300, gt=0, description="Backfill of older memories' search terms (batch per run)."
+    )
 
     # --- alerts (walkeep/service/alerts.py) -----------------------------------------------
     deliver_alerts_interval_seconds: float = Field(default=15, gt=0)

@@ -3,9 +3,10 @@
 ``score`` in a recall hit is always in [0, 1], higher is better:
 
 * ``dense`` — the embedding's cosine similarity, clipped at 0.
-* ``lexical`` — BM25 divided by the query's ideal BM25 (every query term present,
-  at saturating frequency, in a document of average length): the share of the
-  query a memory matches, weighted by how rare each matched word is.
+* ``lexical`` — BM25 divided by the BM25 of a document of average length that
+  holds every query term once, capped at 1: the share of the query a memory
+  matches, weighted by how rare each matched word is (repeats and short texts
+  can only bring a partial match up to 1).
 * ``hybrid`` (the default) — ``DENSE_WEIGHT · dense + (1 − DENSE_WEIGHT) · lexical``
   over the union of both rankings' candidates, each candidate scored by both.
 
@@ -44,8 +45,8 @@ def tf_weight(tf: np.ndarray, doc_len: np.ndarray, avg_len: float) -> np.ndarray
 
 
 def ideal(idfs: np.ndarray) -> float:
-    """An upper bound of any document's BM25 for a query with these term idfs."""
-    return float(np.sum(idfs) * (K1 + 1.0))
+    """BM25 of an average-length document holding each query term once (tf weight 1)."""
+    return float(np.sum(idfs))
 
 
 def fuse(cos: np.ndarray, lexical: np.ndarray, ranking: Ranking) -> np.ndarray:

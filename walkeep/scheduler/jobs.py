@@ -28,7 +28,7 @@ from apscheduler.schedulers.blocking import BlockingScheduler
 
 from walkeep import metrics
 from walkeep.errors import ConfigurationError
-from walkeep.service import completion, console, reconcile, renew, sweep
+from walkeep.service import completion, console, reconcile, reindex, renew, sweep
 from walkeep.service.runtime import Runtime
 
 log = logging.getLogger("walkeep.worker")
@@ -58,6 +58,7 @@ JOBS: dict[str, tuple[Callable[[Runtime], Any], str]] = {
     "sweep": (sweep.sweep, "sweep_interval_seconds"),
     "reconcile_payments": (_reconcile_payments, "reconcile_payments_interval_seconds"),
     "deliver_alerts": (_deliver_alerts, "deliver_alerts_interval_seconds"),
+    "reindex": (reindex.backfill, "reindex_interval_seconds"),
 }
 
 
