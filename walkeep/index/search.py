@@ -354,6 +354,7 @@ class SearchIndex:
         referenced: set[str] = set()
         live: set[str] = set()
         for blob_id, status in rows:
+            assert blob_id is not None
             referenced.add(blob_id)
             if status in VISIBLE:
                 live.add(blob_id)
@@ -379,7 +380,7 @@ class SearchIndex:
             )
             if since is not None:
                 q = q.where(Memory.status_changed_at >= since)
-            changed = {b for (b,) in s.execute(q.distinct())}
+            changed = {b for (b,) in s.execute(q.distinct()) if b is not None}
             live: set[str] = set()
             for chunk in _chunks(sorted(changed), 500):
                 live.update(

@@ -306,8 +306,12 @@ def open_segment(path: Path, *, account_id: str, model: str, dim: int, analyzer:
     arrays: dict[str, np.ndarray] = {}
     try:
         for field in _ARRAYS:
-            mode = None if field == "dead" else "r"
-            arrays[field] = np.load(path / f"{field}.npy", mmap_mode=mode, allow_pickle=False)
+            file = path / f"{field}.npy"
+            arrays[field] = (
+                np.load(file, allow_pickle=False)
+                if field == "dead"  # a private, writable copy
+                else np.load(file, mmap_mode="r", allow_pickle=False)
+            )
     except (OSError, ValueError) as exc:
         raise SegmentInvalid(f"unreadable arrays: {exc}") from exc
     n = meta.rows
@@ -326,7 +330,6 @@ def open_segment(path: Path, *, account_id: str, model: str, dim: int, analyzer:
         raise SegmentInvalid("array shapes disagree with meta.json")
     if zlib.crc32(np.ascontiguousarray(arrays["row_ids"]).tobytes()) != meta.ids_crc:
         raise SegmentInvalid("row ids do not match their checksum")
-    arrays["dead"] = np.array(arrays["dead"], dtype=bool)  # a private, writable copy
     seg = Segment(meta=meta, path=path, **arrays)
     if meta.ann:
         from usearch.index import Index
@@ -337,7 +340,7 @@ def open_segment(path: Path, *, account_id: str, model: str, dim: int, analyzer:
             raise SegmentInvalid(f"unreadable ann.usearch: {exc}") from exc
         if ann is None or len(ann) != n or ann.ndim != dim:
             raise SegmentInvalid("ann.usearch does not match the rows")
-        ann.expansion_search = ANN_EXPANSION_SEARCH
+        ann.expansion_search = ANN_EXPANSION_SEARCH  # type: ignore[misc]
         seg.ann = ann
     return seg
 
