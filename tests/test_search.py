@@ -313,6 +313,13 @@ def test_merges_publish_generations_other_processes_pick_up(db: Database, tmp_pa
     assert reader.search(acct, None, "item77", 1)[0][0] == "b77"
     shard = reader.shard(acct)
     assert shard.n_delta == 0 and shard.n_seg == 80  # switched to the writer's generation
+    # The next merge extends the graph in place: 80 rows kept, 45 added.
+    _fill(writer, acct, 45, start=80)
+    writer.search(acct, None, "item3", 1)
+    seg = writer.shard(acct).segment
+    assert seg is not None and seg.n == 125 and len(seg.ann) == 125  # type: ignore[arg-type]
+    for i in (3, 79, 124):
+        assert reader.search(acct, None, f"item{i}", 1)[0][0] == f"b{i}"
 
 
 def test_the_graph_agrees_with_exact_search(db: Database, tmp_path: Path) -> None:

@@ -60,9 +60,6 @@ RECOUNT_SECONDS = 10.0
 REFRESH_SECONDS = 1.0
 # Rows just below a mark that a late PostgreSQL commit may still add.
 STRAGGLER_WINDOW = 5_000
-# Index rows of a blob no memory points at yet (its write is landing) stay live
-# this long before a full scan calls them dead.
-LANDING_GRACE = timedelta(hours=1)
 DEFAULT_CACHE_BYTES = 2 * 2**30
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -150,7 +147,7 @@ class SearchIndex:
         with shard.lock:
             return shard.search(qvec, qterms, namespace, limit, ranking)
 
-    def shard(self, account_id: str) -> Shard:
+    def shard(self, account_id: str, *, merging: bool = False) -> Shard:
         """The account's shard, brought up to date with the database."""
         max_id, generation = self.rows.head(account_id)
         key = (account_id, self.model_id)
@@ -177,7 +174,7 @@ class SearchIndex:
             self._recount(account_id, shard)
             self._refresh_dead(account_id, shard)
             pending = shard.n_delta
-        if pending >= self.merge_rows:
+        if pending >= self.merge_rows and not merging:
             self._merge_soon(account_id)
         self._evict(keep=key)
         return shard
@@ -290,8 +287,15 @@ class SearchIndex:
         else:
             run()
 
-    def merge(self, account_id: str, *, progress: Callable[[int], None] | None = None) -> bool:
-        """Write the next generation (all rows, graph included when big enough).
+    def merge(
+        self,
+        account_id: str,
+        *,
+        full: bool = False,
+        progress: Callable[[int], None] | None = None,
+    ) -> bool:
+        """Write the next generation: the segment plus the rows after it (the graph
+        extended, not rebuilt), or with ``full`` everything anew from the rows.
 
         One process per host at a time (a file lock): if another holds it, this
         returns False and that process's generation will be picked up instead.
@@ -302,8 +306,15 @@ class SearchIndex:
                 return False
             as_of = self._db.clock.time()
             max_id, generation = self.rows.head(account_id)
-            batch = self.rows.load(account_id, upto=max_id, progress=progress)
-            seg = self._segment_from(account_id, generation, batch, as_of, with_ann=True)
+            shard = None if full else self.shard(account_id, merging=True)
+            if shard is not None and shard.segment is not None and shard.segment.path is not None:
+                with shard.lock:
+                    seg = self._extended(account_id, shard, generation)
+            else:
+                seg = None
+            if seg is None:
+                batch = self.rows.load(account_id, upto=max_id, progress=progress)
+                seg = self._segment_from(account_id, generation, batch, as_of, with_ann=True)
             seglib.save(seg, root)
             assert seg.path is not None
             log.info(
@@ -313,6 +324,35 @@ class SearchIndex:
                 seg.n,
             )
         return True
+
+    def _extended(self, account_id: str, shard: Shard, generation: int) -> seglib.Segment | None:
+        """``shard``'s segment extended by its delta; None when only a full build will do."""
+        seg = shard.segment
+        assert seg is not None
+        if shard.generation != generation or any(i <= seg.meta.high_water for i in shard.d_ids):
+            return None  # rows rewritten, or late commits below the mark: start over
+        d_blob, d_ns, d_len, vecs = shard._delta_arrays()
+        post_row, post_key, post_tf = shard.delta_postings()
+        blob_ids = [shard.blob_id(c) for c in range(len(shard.dead))]
+        dead_blobs = self._dead_blobs(account_id, set(blob_ids))
+        dead = np.fromiter((b in dead_blobs for b in blob_ids), bool, len(blob_ids))
+        return seglib.extend(
+            seg,
+            generation=generation,
+            row_ids=np.asarray(shard.d_ids, dtype=np.int64),
+            row_blob=d_blob,
+            row_ns=d_ns,
+            row_len=d_len,
+            vec_i8=seglib.quantise(vecs).reshape(len(shard.d_ids), self.embedder.dim),
+            new_blobs=list(shard.new_blobs),
+            namespaces=list(shard.namespaces),
+            dead=dead,
+            dead_as_of=self._db.clock.time(),
+            post_row=post_row,
+            post_key=post_key,
+            post_tf=post_tf,
+            ann_min_rows=self.ann_min_rows,
+        )
 
     def _check_stragglers(self, account_id: str, shard: Shard, seg: seglib.Segment) -> None:
         """On PostgreSQL, rows just below the segment's mark committed after it was written."""

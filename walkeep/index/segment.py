@@ -158,11 +158,11 @@ def build(
     dead_as_of: float,
     ann_min_rows: int = ANN_MIN_ROWS,
 ) -> Segment:
-    """A segment from rows in memory (ascending ids). Builds the HNSW graph if big enough."""
+    """A segment from rows in memory (any order). Builds the HNSW graph if big enough."""
     n = len(row_ids)
     order = np.argsort(row_ids, kind="stable")
     row_ids = np.asarray(row_ids, dtype=np.int64)[order]
-    vec_i8 = np.ascontiguousarray(np.asarray(vec_i8, dtype=np.int8)[order]).reshape(n, dim)
+    vec_i8 = np.asarray(vec_i8, dtype=np.int8).reshape(n, dim)[order]
     blob_list = [blob_ids[i] for i in order]
     ns_list = [namespaces[i] for i in order]
     terms_list = [row_terms[i] for i in order]
@@ -171,59 +171,154 @@ def build(
     row_blob = np.fromiter((codes.setdefault(b, len(codes)) for b in blob_list), np.int32, n)
     ns_names: dict[str, int] = {}
     row_ns = np.fromiter((ns_names.setdefault(x, len(ns_names)) for x in ns_list), np.int32, n)
-    blob_arr = np.array(list(codes), dtype="S64") if codes else np.zeros(0, dtype="S64")
-    blob_order = np.argsort(blob_arr, kind="stable")
     dead = np.zeros(len(codes), dtype=bool)
     for b in dead_blobs:
         c = codes.get(b)
         if c is not None:
             dead[c] = True
-
-    lengths = np.fromiter((int(t.sum()) for _, t in terms_list), np.uint32, n)
     counts = np.fromiter((len(k) for k, _ in terms_list), np.int64, n)
     total = int(counts.sum())
-    all_keys = np.concatenate([k for k, _ in terms_list]) if total else np.zeros(0, dtype=np.uint64)
-    all_tf = np.concatenate([t for _, t in terms_list]) if total else np.zeros(0, dtype=np.uint16)
-    all_rows = np.repeat(np.arange(n, dtype=np.int32), counts)
-    by_term = np.argsort(all_keys, kind="stable")  # stable: rows stay ascending per term
-    keys_sorted = all_keys[by_term]
-    term_keys, starts = np.unique(keys_sorted, return_index=True)
-    term_off = np.append(starts, total).astype(np.int64)
-
-    meta = Meta(
-        format=FORMAT,
-        account_id=account_id,
-        model=model,
-        dim=dim,
-        analyzer=analyzer,
-        generation=generation,
-        rows=n,
-        high_water=int(row_ids[-1]) if n else 0,
-        ids_crc=zlib.crc32(row_ids.tobytes()),
-        dead_as_of=dead_as_of,
-        namespaces=list(ns_names),
-        ann=False,
-        sizes={},
-    )
-    seg = Segment(
-        meta=meta,
+    return assemble(
+        Meta(
+            format=FORMAT,
+            account_id=account_id,
+            model=model,
+            dim=dim,
+            analyzer=analyzer,
+            generation=generation,
+            rows=n,
+            high_water=0,
+            ids_crc=0,
+            dead_as_of=dead_as_of,
+            namespaces=list(ns_names),
+            ann=False,
+            sizes={},
+        ),
         row_ids=row_ids,
         row_blob=row_blob,
         row_ns=row_ns,
-        row_len=lengths,
+        row_len=np.fromiter((int(t.sum()) for _, t in terms_list), np.uint32, n),
         vec_i8=vec_i8,
+        blob_ids=list(codes),
+        dead=dead,
+        post_row=np.repeat(np.arange(n, dtype=np.int32), counts),
+        post_key=(np.concatenate([k for k, _ in terms_list]) if total else np.zeros(0, np.uint64)),
+        post_tf=np.concatenate([t for _, t in terms_list]) if total else np.zeros(0, np.uint16),
+        ann=None,
+        ann_min_rows=ann_min_rows,
+    )
+
+
+def extend(
+    seg: Segment,
+    *,
+    generation: int,
+    row_ids: np.ndarray,
+    row_blob: np.ndarray,
+    row_ns: np.ndarray,
+    row_len: np.ndarray,
+    vec_i8: np.ndarray,
+    new_blobs: list[str],
+    namespaces: list[str],
+    dead: np.ndarray,
+    dead_as_of: float,
+    post_row: np.ndarray,
+    post_key: np.ndarray,
+    post_tf: np.ndarray,
+    ann_min_rows: int = ANN_MIN_ROWS,
+) -> Segment:
+    """The next generation: ``seg`` plus rows after its mark, appended in place.
+
+    The new rows' blob and namespace codes continue ``seg``'s (``new_blobs`` and the
+    tail of ``namespaces`` are those it does not know), and their postings' rows are
+    positions after ``seg.n``. The graph, if ``seg`` has one, is loaded writable and
+    extended rather than rebuilt: merging 20,000 rows into a million costs the new
+    rows' insertions, not a million.
+    """
+    assert len(row_ids) == 0 or int(row_ids.min()) > seg.meta.high_water
+    n = seg.n + len(row_ids)
+    old_keys = np.repeat(seg.term_keys, np.diff(seg.term_off))
+    ann: object | None = None
+    if seg.meta.ann and seg.path is not None and len(row_ids):
+        from usearch.index import Index
+
+        graph = Index.restore(str(seg.path / "ann.usearch"), view=False)
+        if graph is None:
+            raise SegmentInvalid("ann.usearch could not be loaded to extend it")
+        graph.add(
+            np.arange(seg.n, n, dtype=np.uint64),
+            np.ascontiguousarray(vec_i8),
+            threads=os.cpu_count() or 1,
+        )
+        ann = graph
+    elif seg.meta.ann:
+        ann = seg.ann
+    meta = Meta(**{**asdict(seg.meta), "generation": generation, "rows": n, "sizes": {}})
+    meta.namespaces = list(namespaces)
+    meta.dead_as_of = dead_as_of
+    return assemble(
+        meta,
+        row_ids=np.concatenate([seg.row_ids, row_ids]),
+        row_blob=np.concatenate([seg.row_blob, row_blob]).astype(np.int32),
+        row_ns=np.concatenate([seg.row_ns, row_ns]).astype(np.int32),
+        row_len=np.concatenate([seg.row_len, row_len]).astype(np.uint32),
+        vec_i8=np.concatenate([seg.vec_i8, vec_i8]),
+        blob_ids=[*(bytes(b).decode("ascii") for b in seg.blob_ids), *new_blobs],
+        dead=dead,
+        post_row=np.concatenate([seg.post_row, post_row]).astype(np.int32),
+        post_key=np.concatenate([old_keys, post_key]).astype(np.uint64),
+        post_tf=np.concatenate([seg.post_tf, post_tf]).astype(np.uint16),
+        ann=ann,
+        ann_min_rows=ann_min_rows,
+    )
+
+
+def assemble(
+    meta: Meta,
+    *,
+    row_ids: np.ndarray,
+    row_blob: np.ndarray,
+    row_ns: np.ndarray,
+    row_len: np.ndarray,
+    vec_i8: np.ndarray,
+    blob_ids: list[str],
+    dead: np.ndarray,
+    post_row: np.ndarray,
+    post_key: np.ndarray,
+    post_tf: np.ndarray,
+    ann: object | None,
+    ann_min_rows: int,
+) -> Segment:
+    """Sort postings into CSR form, index blob ids, and build the graph if missing."""
+    n = len(row_ids)
+    blob_arr = np.array(blob_ids, dtype="S64") if blob_ids else np.zeros(0, dtype="S64")
+    blob_order = np.argsort(blob_arr, kind="stable")
+    # Stable: postings arrive in row order, so each term's rows stay ascending.
+    by_term = np.argsort(post_key, kind="stable")
+    term_keys, starts = np.unique(post_key[by_term], return_index=True)
+    meta.rows = n
+    meta.high_water = int(row_ids[-1]) if n else 0
+    meta.ids_crc = zlib.crc32(np.ascontiguousarray(row_ids).tobytes())
+    seg = Segment(
+        meta=meta,
+        row_ids=np.ascontiguousarray(row_ids, dtype=np.int64),
+        row_blob=np.ascontiguousarray(row_blob, dtype=np.int32),
+        row_ns=np.ascontiguousarray(row_ns, dtype=np.int32),
+        row_len=np.ascontiguousarray(row_len, dtype=np.uint32),
+        vec_i8=np.ascontiguousarray(vec_i8, dtype=np.int8),
         blob_ids=blob_arr,
         blob_keys=blob_arr[blob_order],
         blob_sorted=blob_order.astype(np.int32),
-        dead=dead,
+        dead=np.asarray(dead, dtype=bool),
         term_keys=term_keys.astype(np.uint64),
-        term_off=term_off,
-        post_row=all_rows[by_term],
-        post_tf=all_tf[by_term].astype(np.uint16),
+        term_off=np.append(starts, len(post_key)).astype(np.int64),
+        post_row=np.ascontiguousarray(post_row[by_term], dtype=np.int32),
+        post_tf=np.ascontiguousarray(post_tf[by_term], dtype=np.uint16),
     )
-    if n >= ann_min_rows:
-        seg.ann = build_ann(vec_i8)
-        meta.ann = True
+    if ann is None and n >= ann_min_rows:
+        ann = build_ann(seg.vec_i8)
+    seg.ann = ann
+    meta.ann = ann is not None
     return seg
 
 

@@ -179,6 +179,21 @@ class Shard:
             self._cache.clear()
         return added
 
+    def delta_postings(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The delta's postings, flat: (row positions, term keys, frequencies)."""
+        rows: list[int] = []
+        keys: list[int] = []
+        tfs: list[int] = []
+        for key, (r, f) in self.d_post.items():
+            rows.extend(r)
+            keys.extend([key] * len(r))
+            tfs.extend(f)
+        return (
+            np.asarray(rows, dtype=np.int32),
+            np.asarray(keys, dtype=np.uint64),
+            np.asarray(tfs, dtype=np.uint16),
+        )
+
     # -- arrays over all rows --------------------------------------------------------
 
     def _delta_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -141,7 +141,7 @@ def rebuild(
                 index.add(account_id, memory_namespace, blob_id, text)
                 report.memories_indexed += 1
             tick(1)
-        if index.merge(account_id):
+        if index.merge(account_id, full=True):
             report.segments_written += 1
     return report
 
