@@ -413,15 +413,16 @@ class Shard:
                 tfs = np.concatenate([tf_seg, np.asarray(d[1])])
             else:
                 rows, tfs = np.asarray(r_seg, dtype=np.int64), np.asarray(tf_seg)
-            if len(rows) == 0:
-                continue
-            ok = scope.ok[rows]
-            rows, tfs = rows[ok], tfs[ok]
+            if len(rows):
+                ok = scope.ok[rows]
+                rows, tfs = rows[ok], tfs[ok]
             df = len(rows)
-            if df == 0:
-                continue
+            # A query word found nowhere still counts in the ideal: matching one word of
+            # three is a third of the query, however rare the other two are.
             idf = float(rk.idf(df, scope.live_rows))
             idfs.append(idf)
+            if df == 0:
+                continue
             row_parts.append(rows)
             w_parts.append(idf * rk.tf_weight(tfs, self._row_len(rows), scope.avg_len))
         if not row_parts:
