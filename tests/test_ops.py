@@ -195,7 +195,7 @@ def test_worker_process_runs_jobs_and_stops_gracefully_on_sigterm(
     assert proc.stderr is not None
     deadline = time.monotonic() + 60
     jobs_seen: set[str] = set()
-    while time.monotonic() < deadline and len(jobs_seen) < 6:
+    while time.monotonic() < deadline and len(jobs_seen) < 7:
         line = proc.stderr.readline()
         if not line:
             break
@@ -213,6 +213,7 @@ def test_worker_process_runs_jobs_and_stops_gracefully_on_sigterm(
         "sweep",
         "reconcile_payments",
         "deliver_alerts",
+        "reindex",
     }, lines
     # Regression (issue 13): the worker's metrics were never served.
     scraped = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10)

@@ -332,6 +332,10 @@ def test_compaction_moves_live_members_exactly_once(rt: Runtime, clock) -> None:
     assert decode_patch_id(moved.blob_id or "").quilt_blob_id == new.blob_id
     hit = recall.recall(rt, a, query="7 big memory big memory", limit=1).results[0]
     assert hit.blob_id == moved.blob_id and hit.content.startswith("7 big memory")
+    # Once: the old patch (same text, no memory on it now) and the forgotten members
+    # never surface beside it.
+    hits = recall.recall(rt, a, query="big memory", limit=10).results
+    assert [h.blob_id for h in hits] == [moved.blob_id]
     # Exactly once: nothing more moves, and the old quilt is never renewed again.
     assert completion.complete_writes(rt).landed == 0
     assert _memories(rt, keep)[0].blob_id == moved.blob_id

@@ -1,25 +1,20 @@
-"""The semantic index: chunk vectors in the ``embeddings`` table, cosine top-k in numpy.
+"""Index rows: per chunk of a memory's plaintext, its vector and its keyed term hashes.
 
-Why this shape (notes/embeddings.md §5): at Walkeep's scale an exact scan over
-an in-process float32 matrix answers in well under a millisecond for 10,000
-vectors, needs no database extension (the CI Python's sqlite3 can't load one,
-Debian's PostgreSQL has no pgvector) and runs the same on SQLite and
-PostgreSQL. The database stays the source of truth; each process keeps a
-cache it tops up incrementally, so a vector written by another process is
-visible on the next query.
-
-Layout of a row: one vector per chunk of a blob's plaintext, tagged with the
-account, namespace, model id and dimension. Vectors of different models are
-never compared. Rows are append-only: forgetting is filtered by the caller
-against the memories table (``search(..., exclude=...)`` helps it keep ``limit``
-results), so "rows with id > the last id seen" is all a cache needs to load.
+The database keeps these rows; everything a query reads is derived from them
+(``walkeep/index/search.py``). One row per chunk of a blob's plaintext, tagged with
+the account, namespace, model id and dimension; vectors of different models are
+never compared. The terms are the chunk's distinct term hashes and frequencies
+under the account's key (``walkeep/index/terms.py``): no readable word. Rows are
+append-only, so "rows with id > the last id seen" is all a reader needs to catch
+up; forgetting is the recall service's filter and the index's dead-blob mask, not
+a delete (identical content stored again reuses the rows).
 
 Identical content in two namespaces of one account is one blob_id (encryption
 is deterministic per account), but the table's unique key is (account, blob_id,
 model, chunk) — without the namespace. So each namespace's copy of a blob's
-vectors uses its own block of chunk numbers: ``chunk = copy * 1024 + part``
+rows uses its own block of chunk numbers: ``chunk = copy * 1024 + part``
 (copy 0 for the first namespace that indexed the blob, 1 for the next, …). A
-second namespace reuses the first copy's vectors instead of re-embedding.
+second namespace reuses the first copy's vectors and terms instead of re-embedding.
 """
 
 from __future__ import annotations
