@@ -620,13 +620,13 @@ async def wait_landed(srv: Server, expected: int, stall_seconds: float = 600) ->
     import anyio
 
     async with mcp_session(srv.mcp_url, srv.api_key) as call:
-        best, since, shown = -1, time.monotonic(), 0.0
+        best, since, shown = -1, time.monotonic(), (-1, 0.0)
         while True:
             acct = (await call("check_runway"))["account"]
             total, active = int(acct["total_memories"]), int(acct["active"])
             settled = active + int(acct["paused"]) + int(acct["no_renew"])
-            if time.monotonic() - shown > 2:
-                shown = time.monotonic()
+            if active != shown[0] and time.monotonic() - shown[1] > 2:
+                shown = (active, time.monotonic())
                 say(f"  stores landed {active:,}/{total:,} (this run's: {expected:,})")
             if settled >= total and total >= expected:
                 if active < expected:
@@ -755,6 +755,7 @@ def run_in_process(
     from walkeep.bootstrap import build_runtime
     from walkeep.db import migrate
     from walkeep.service import accounts, completion, runway, store
+    from walkeep.service.balance import check_balance
     from walkeep.service.recall import recall
 
     tmp = None if keep else tempfile.mkdtemp(prefix="walkeep-recall-quality-")
@@ -781,9 +782,10 @@ def run_in_process(
             account_id = accounts.create_account(
                 rt.db, "recall-quality", credits_mc=ledger.usd_to_mc(PROMO_USD)
             ).account_id
-        else:
-            account_id = found.account_id
-            accounts.grant(rt.db, account_id, ledger.usd_to_mc(PROMO_USD), reason="benchmark")
+        else:  # a kept directory: top it up if its credits would not cover this run
+            account_id = found
+            if check_balance(rt, account_id).est_memories_remaining < len(todo):
+                accounts.grant(rt.db, account_id, ledger.usd_to_mc(PROMO_USD), reason="benchmark")
         memory_ids = set()
         for i, (conv, t) in enumerate(todo, 1):
             r = store.store(
@@ -870,8 +872,8 @@ def report(results: dict[str, Scored], split_name: str, fmt: str, mode: str) -> 
     names = list(results)
     if len(names) > 1 and all(results[n].lists == results[names[0]].lists for n in names[1:]):
         print(
-            f"note: every ranking returned the same lists for every question: this server "
-            f"does not seem to read {RANKING_ENV}"
+            f"note: every ranking returned the same lists for every question: this build "
+            f"does not seem to read {RANKING_ENV} (or recall_ranking)"
         )
     print()
     for ranking, s in results.items():
