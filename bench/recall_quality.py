@@ -672,18 +672,23 @@ async def ask_all(srv: Server, convs: list[Conversation], fmt: str) -> Scored:
     return scored
 
 
-def check_manifest(data_dir: Path, fmt: str) -> None:
-    """A kept data directory holds one format: mixing two would rank both."""
+def check_manifest(data_dir: Path, fmt: str, mode: str) -> None:
+    """A kept data directory holds one format (mixing two would rank both) and serves one
+    mode (a server's first run makes its key only on an empty database)."""
     path = data_dir / MANIFEST
+    want = {"format": fmt, "mode": mode}
     if path.exists():
-        kept = json.loads(path.read_text()).get("format")
-        if kept != fmt:
+        kept = json.loads(path.read_text())
+        if kept != want:
             raise SystemExit(
-                f"{data_dir} holds --format {kept} memories; use another --keep directory"
+                f"{data_dir} holds memories of format {kept.get('format')}, "
+                f"mode {kept.get('mode')}; use another --keep directory for {fmt}, {mode}"
             )
+    elif data_dir.exists() and any(data_dir.iterdir()):
+        raise SystemExit(f"{data_dir} is not empty and not this benchmark's: choose another")
     else:
         data_dir.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"format": fmt}) + "\n")
+        path.write_text(json.dumps(want) + "\n")
 
 
 def run_served(
@@ -693,7 +698,7 @@ def run_served(
 
     tmp = None if keep else tempfile.mkdtemp(prefix="walkeep-recall-quality-")
     data_dir = keep.resolve() if keep else Path(tmp or "") / "data"
-    check_manifest(data_dir, fmt)
+    check_manifest(data_dir, fmt, "served")
     log = data_dir / "recall-quality-serve.log"
     say(f"data dir {data_dir}; server log {log}")
     results: dict[str, Scored] = {}
@@ -760,7 +765,7 @@ def run_in_process(
 
     tmp = None if keep else tempfile.mkdtemp(prefix="walkeep-recall-quality-")
     data_dir = keep.resolve() if keep else Path(tmp or "") / "data"
-    check_manifest(data_dir, fmt)
+    check_manifest(data_dir, fmt, "in-process")
     url = f"sqlite:///{data_dir / 'walkeep.db'}"
     base: dict[str, Any] = {
         "data_dir": data_dir,
