@@ -3,6 +3,12 @@
     python bench/recall_quality.py [--data PATH] [--split dev|test|all]
                                    [--format dated|plain] [--rankings hybrid,dense,lexical]
                                    [--in-process] [--keep DIR] [--limit-conversations N]
+                                   [--concurrency 4]
+
+    # the figures of record: the test split, every ranking, through the server
+    python bench/recall_quality.py --data ~/datasets/locomo10.json
+    # tuning: the dev split, in process, stores kept for the next run
+    python bench/recall_quality.py --data … --split dev --in-process --keep /tmp/lq-dev
 
 What it measures (issue 27): every dialog turn of the LoCoMo conversations is stored
 as ONE memory, each conversation in its own namespace (``locomo-<id>``); every
@@ -41,6 +47,15 @@ a Runtime (walkeep.bootstrap.build_runtime) on a SQLite file, stores through
 (the ranking set on its Settings, field ``recall_ranking``, and in the environment as
 ``WALKEEP_RECALL_RANKING``). Quicker for iterating on the ranking; the numbers of
 record are the server's.
+
+``--keep DIR`` keeps the data directory, and a rerun on it stores nothing new: the
+request ids are stable (``locomo-<id>-<dialog id>-<format>``), so each store replays,
+and only the questions are asked again (a directory holds one format and one mode).
+Costs on a shared 2-core machine, all ten conversations (5,882 turns, 1,536
+questions): about 4.5 min through the server (stores accepted in ~20 s, landed and
+embedded in ~80 s, ~45 s of questions per ranking), 3.5 min in process (landing
+~2 min); with a kept directory, only the questions. Today's dense ranking, dated
+turns, split all: recall@5 0.423, MRR 0.341 (plain turns: 0.208, 0.156).
 
 ``--split``: conversations sorted by id; ``dev`` is the first half, ``test`` (the
 default) the second, ``all`` both. Tune on dev, report test.
