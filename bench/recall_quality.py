@@ -3,7 +3,7 @@
     python bench/recall_quality.py [--data PATH] [--split dev|test|all]
                                    [--format dated|plain] [--rankings hybrid,dense,lexical]
                                    [--in-process] [--keep DIR] [--limit-conversations N]
-                                   [--concurrency 4]
+                                   [--concurrency 4] [--interleave]
 
     # the figures of record: the test split, every ranking, through the server
     python bench/recall_quality.py --data ~/datasets/locomo10.json
@@ -39,6 +39,13 @@ credits is topped up with ``walkeep credits grant``. Rate limits are off for the
 benchmark (``WALKEEP_RATE_LIMIT_PER_MINUTE=0``, ``WALKEEP_RATE_LIMITS={}``). Other
 ``WALKEEP_*`` variables in your environment reach the server (e.g. tuning knobs);
 the data directory, database, key, public URL and ranking are the script's own.
+
+``--interleave`` (server mode) starts the three servers at once instead, each on its
+own copy of the landed data directory, and asks each question of each in turn: on a
+shared machine whose speed drifts by a third within minutes, the latencies of rankings
+asked minutes apart differ by that much for identical code (p50 21 vs 32 ms here),
+while interleaved ones stay within a few percent. Use it to compare latencies; the
+quality figures are the same either way.
 
 ``--in-process`` measures the same data with the same metrics without HTTP: it builds
 a Runtime (walkeep.bootstrap.build_runtime) on a SQLite file, stores through
@@ -660,30 +667,43 @@ async def wait_landed(srv: Server, expected: int, stall_seconds: float = 600) ->
             await anyio.sleep(1.0)
 
 
-async def ask_all(srv: Server, convs: list[Conversation], fmt: str) -> Scored:
-    scored = Scored()
+async def ask_all(
+    servers: dict[str, Server], convs: list[Conversation], fmt: str
+) -> dict[str, Scored]:
+    """Every question to every server; with several, each question goes to each in turn
+    (the first one rotating), so the machine's drift in speed hits them all alike."""
+    scored = {r: Scored() for r in servers}
     total = sum(len(c.questions) for c in convs)
     start = time.perf_counter()
-    async with mcp_session(srv.mcp_url, srv.api_key) as call:
+    async with contextlib.AsyncExitStack() as stack:
+        calls = {
+            r: await stack.enter_async_context(mcp_session(srv.mcp_url, srv.api_key))
+            for r, srv in servers.items()
+        }
         # One untimed recall per namespace first: the model and the index cache load.
-        for conv in convs:
-            await call_retrying(
-                call, "recall", query="warm-up", namespace=conv.namespace, limit=LIMIT
-            )
+        for call in calls.values():
+            for conv in convs:
+                await call_retrying(
+                    call, "recall", query="warm-up", namespace=conv.namespace, limit=LIMIT
+                )
+        names = list(calls)
         asked = 0
         for conv in convs:
             turn_ids = turn_index(conv, fmt)
             for q in conv.questions:
-                t0 = time.perf_counter()
-                r = await call_retrying(
-                    call, "recall", query=q.text, namespace=conv.namespace, limit=LIMIT
-                )
-                ms = (time.perf_counter() - t0) * 1000
-                scored.add(q, [str(h["content"]) for h in r["results"]], turn_ids, ms)
+                for j in range(len(names)):
+                    r = names[(asked + j) % len(names)]
+                    t0 = time.perf_counter()
+                    res = await call_retrying(
+                        calls[r], "recall", query=q.text, namespace=conv.namespace, limit=LIMIT
+                    )
+                    ms = (time.perf_counter() - t0) * 1000
+                    scored[r].add(q, [str(h["content"]) for h in res["results"]], turn_ids, ms)
                 asked += 1
                 if asked % 200 == 0 or asked == total:
                     say(f"  questions asked {asked:,}/{total:,}")
-    scored.seconds = time.perf_counter() - start
+    for sc in scored.values():
+        sc.seconds = time.perf_counter() - start
     return scored
 
 
@@ -706,8 +726,37 @@ def check_manifest(data_dir: Path, fmt: str, mode: str) -> None:
         path.write_text(json.dumps(want) + "\n")
 
 
+def interleaved(
+    data_dir: Path, convs: list[Conversation], fmt: str, rankings: list[str]
+) -> dict[str, Scored]:
+    """One server per ranking at once, each on its own copy of the landed data directory
+    (two servers never share one database), every question asked of each in turn."""
+    import anyio
+
+    copies = Path(tempfile.mkdtemp(prefix="walkeep-recall-quality-copies-"))
+    servers: dict[str, Server] = {}
+    try:
+        for ranking in rankings:
+            copy = copies / ranking
+            shutil.copytree(data_dir, copy)
+            say(f"ranking {ranking}: walkeep serve on a copy, {RANKING_ENV}={ranking}")
+            servers[ranking] = Server(copy, copy / "recall-quality-serve.log", ranking)
+        results = anyio.run(ask_all, servers, convs, fmt)
+        say(f"rankings interleaved: {next(iter(results.values())).seconds:.1f} s")
+        return results
+    finally:
+        for srv in servers.values():
+            srv.stop()
+        shutil.rmtree(copies, ignore_errors=True)
+
+
 def run_served(
-    convs: list[Conversation], fmt: str, rankings: list[str], keep: Path | None, concurrency: int
+    convs: list[Conversation],
+    fmt: str,
+    rankings: list[str],
+    keep: Path | None,
+    concurrency: int,
+    interleave: bool = False,
 ) -> dict[str, Scored]:
     import anyio
 
@@ -732,14 +781,17 @@ def run_served(
             f"stored {len(ids):,} memories in {t1 - t0:.1f} s (incl. server start), "
             f"all landed {t2 - t1:.1f} s later"
         )
-        for ranking in rankings:
-            say(f"ranking {ranking}: restarting walkeep serve with {RANKING_ENV}={ranking}")
-            srv = Server(data_dir, log, ranking)
-            try:
-                results[ranking] = anyio.run(ask_all, srv, convs, fmt)
-            finally:
-                srv.stop()
-            say(f"ranking {ranking}: {results[ranking].seconds:.1f} s")
+        if interleave:
+            results = interleaved(data_dir, convs, fmt, rankings)
+        else:
+            for ranking in rankings:
+                say(f"ranking {ranking}: restarting walkeep serve with {RANKING_ENV}={ranking}")
+                srv = Server(data_dir, log, ranking)
+                try:
+                    results |= anyio.run(ask_all, {ranking: srv}, convs, fmt)
+                finally:
+                    srv.stop()
+                say(f"ranking {ranking}: {results[ranking].seconds:.1f} s")
         ok = True
     finally:
         if tmp is not None and ok:
@@ -923,6 +975,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", type=Path, metavar="DIR", help="data directory to keep (reused)")
     ap.add_argument("--limit-conversations", type=int, metavar="N", help="the split's first N")
     ap.add_argument("--concurrency", type=int, default=4, help="stores in flight (server mode)")
+    ap.add_argument(
+        "--interleave",
+        action="store_true",
+        help="server mode: run one server per ranking at once (each on a copy of the data) "
+        "and ask each question of each in turn, so latencies compare under the same load",
+    )
     args = ap.parse_args(argv)
 
     rankings = [r.strip() for r in args.rankings.split(",") if r.strip()]
@@ -958,8 +1016,10 @@ def main(argv: list[str] | None = None) -> int:
         results = run_in_process(convs, args.fmt, rankings, args.keep)
         mode = "in process"
     else:
-        results = run_served(convs, args.fmt, rankings, args.keep, args.concurrency)
-        mode = "walkeep serve + MCP client"
+        results = run_served(
+            convs, args.fmt, rankings, args.keep, args.concurrency, args.interleave
+        )
+        mode = "walkeep serve + MCP client" + (", interleaved" if args.interleave else "")
     report(results, args.split, args.fmt, mode)
     print(f"total time {time.perf_counter() - start:.0f} s")
     return 0
