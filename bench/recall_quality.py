@@ -487,6 +487,10 @@ class Server:
                 stdout=subprocess.DEVNULL,
                 stderr=err,
                 start_new_session=True,
+                # Not the caller's directory: `python -m` puts it first on sys.path, so a
+                # checkout there would be served instead of the walkeep this script
+                # imports (the one the report names).
+                cwd=data_dir,
             )
         deadline = time.monotonic() + 180
         while True:
@@ -637,7 +641,7 @@ async def store_all(srv: Server, convs: list[Conversation], fmt: str, concurrenc
     return memory_ids
 
 
-async def wait_landed(srv: Server, expected: int, stall_seconds: float = 600) -> None:
+async def wait_landed(srv: Server, expected: int, stall_seconds: float = 300) -> None:
     """Until check_runway's account summary shows nothing storing and every store active."""
     import anyio
 
@@ -959,6 +963,23 @@ def report(results: dict[str, Scored], split_name: str, fmt: str, mode: str) -> 
         )
 
 
+def walkeep_under_test() -> str:
+    """Where the measured code comes from, and its commit when it is a checkout."""
+    import walkeep
+
+    where = Path(walkeep.__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(where), "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return f"{where}" + (f" ({commit})" if commit else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -1000,6 +1021,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"dataset: {DATASET} — licence {LICENCE}")
     print(f"source:  {source}")
+    print(f"walkeep: {walkeep_under_test()}")
     print(
         f"split {args.split}: conversations {', '.join(c.conv_id for c in convs)} "
         f"({len(convs)} of {len(every)}); "
