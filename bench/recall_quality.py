@@ -61,8 +61,10 @@ and only the questions are asked again (a directory holds one format and one mod
 Costs on a shared 2-core machine, all ten conversations (5,882 turns, 1,536
 questions): about 4.5 min through the server (stores accepted in ~20 s, landed and
 embedded in ~80 s, ~45 s of questions per ranking), 3.5 min in process (landing
-~2 min); with a kept directory, only the questions. Today's dense ranking, dated
-turns, split all: recall@5 0.423, MRR 0.341 (plain turns: 0.208, 0.156).
+~2 min); with a kept directory, only the questions. The dense ranking before the
+hybrid one (a44fb15), dated turns, split all: recall@5 0.423, MRR 0.341 (plain turns:
+0.208, 0.156); the first hybrid (b2d6ca8): hybrid 0.589 / 0.501, dense 0.422 / 0.340,
+lexical 0.558 / 0.481.
 
 ``--split``: conversations sorted by id; ``dev`` is the first half, ``test`` (the
 default) the second, ``all`` both. Tune on dev, report test.
