@@ -668,7 +668,11 @@ def console_link(
     token, expires = console.create_console_link(
         db, account_id, minutes=settings.console_link_minutes
     )
-    url = f"{settings.public_url.rstrip('/')}/console/link/{token}"
+    # The running server's address (WALKEEP_PUBLIC_URL if set, else what `walkeep serve`
+    # recorded in the data dir): a link to the default port may reach something else.
+    from walkeep.ops import server_public_url
+
+    url = f"{server_public_url(settings)}/console/link/{token}"
     _emit(
         {"url": url, "expires_at": expires.isoformat(), "admin": admin, "account_id": account_id},
         as_json,
