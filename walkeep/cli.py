@@ -11,8 +11,10 @@ start fast and never load models, an ONNX runtime or the local network.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import socket
 import sys
 from decimal import Decimal
 from typing import TYPE_CHECKING, Annotated, Any
@@ -346,6 +348,7 @@ def serve(
 
     settings = _serve_settings(host, port)
     check_workers(settings, workers)  # before anything is opened or bound
+    listener = _bind(host, port, "--port")  # before anything is changed
     logs.setup(settings.log_level, fmt=settings.log_format)
     db = open_db(settings)
     from walkeep.ops import record_server
@@ -367,9 +370,15 @@ def serve(
         worker_in_process=not no_worker,
     )
     if workers == 1:
-        serve_one(rt, host=host, port=port, banner=banner, scheduler=not no_worker)
+        serve_one(rt, host=host, port=port, banner=banner, scheduler=not no_worker, sock=listener)
     elif not serve_many(
-        rt, host=host, port=port, workers=workers, banner=banner, scheduler=not no_worker
+        rt,
+        host=host,
+        port=port,
+        workers=workers,
+        banner=banner,
+        scheduler=not no_worker,
+        sock=listener,
     ):
         raise CliError("a web process failed to start (its error is above); stopped them all")
 
@@ -453,24 +462,19 @@ def devnet(
 ) -> None:
     """Serve the local network in Walrus's publisher/aggregator HTTP format (local only)."""
     from walkeep.backends.localnet.devnet import serve_devnet
-    from walkeep.backends.localnet.engine import LocalNetwork
+    from walkeep.bootstrap import open_local_network
     from walkeep.clock import SystemClock
 
     _check_port(port, "--port")
     settings = _settings()
-    network = LocalNetwork(
-        settings.localnet_dir,
-        SystemClock(),
-        epoch_seconds=settings.local_epoch_seconds,
-        storage_price_frost=settings.local_storage_price_frost,
-        configure=True,
-    )
+    listener = _bind(host, port, "--port")  # a port in use fails before anything changes
+    network = open_local_network(settings, SystemClock(), owner=True)
     typer.echo(
         f"walkeep devnet: Walrus publisher+aggregator API on http://{host}:{port} "
         f"(state in {settings.localnet_dir}; LOCAL network, not Walrus)",
         err=True,
     )
-    serve_devnet(network, host=host, port=port)
+    serve_devnet(network, host=host, port=port, sock=listener)
 
 
 @app.command()
@@ -520,6 +524,31 @@ def smoke(
         f"  renewal {result.digest}\n"
         f"  {result.explorer_url}{reach[result.explorer_reachable]}"
     )
+
+
+def _bind(host: str, port: int, flag: str) -> socket.socket:
+    """Bind the listening socket before anything else happens.
+
+    Why first: a second ``walkeep serve`` (or ``devnet``) on a port in use used to
+    migrate, rewrite ``server.json`` and reconfigure the running local network before
+    uvicorn found the port taken. Binding up front makes that case one line and no
+    side effect; the server then serves on this very socket (no window for a race).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise CliError(
+                f"{host}:{port} is already in use (another `walkeep serve`?); nothing was "
+                f"changed. Stop that process or pick another {flag}"
+            ) from None
+        raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.set_inheritable(True)  # --workers: uvicorn hands it to the web processes
+    return sock
 
 
 def _check_port(port: int, flag: str) -> None:
