@@ -293,6 +293,7 @@ def serve_banner(
     first_run_text: str | None,
     workers: int = 1,
     worker_in_process: bool = True,
+    schedule: str | None = None,
 ) -> str:
     """What a person at the terminal needs, printed after start-up logging."""
     from walkeep.onboarding import credentials_path
@@ -310,6 +311,8 @@ def serve_banner(
     if workers > 1:
         jobs = f"scheduler in pid {os.getpid()}" if worker_in_process else "no scheduler"
         lines.append(f"  Processes      {workers} web processes on one port, {jobs}")
+    if schedule:
+        lines.append(f"  Worker         {schedule}")
     if first_run_text:
         lines += ["", first_run_text.rstrip()]
     else:
@@ -359,6 +362,12 @@ def serve(
     # With --workers the web processes build their own runtimes; this one configures the
     # local network once and runs the scheduler and the completer (walkeep.api.serve).
     rt = build_runtime(settings, configure_network=True)
+    schedule = None
+    if not no_worker:
+        from walkeep.scheduler.jobs import schedule_note
+
+        # Refuses an interval set too long for the epoch before anything is served.
+        schedule = schedule_note(rt)
     banner = serve_banner(
         settings,
         host=host,
@@ -368,6 +377,7 @@ def serve(
         first_run_text=welcome,
         workers=workers,
         worker_in_process=not no_worker,
+        schedule=schedule,
     )
     if workers == 1:
         serve_one(rt, host=host, port=port, banner=banner, scheduler=not no_worker, sock=listener)
@@ -448,11 +458,8 @@ def worker(
     settings = _settings()
     logs.setup(settings.log_level, fmt=settings.log_format)
     open_db(settings).dispose()
-    run_forever(
-        build_runtime(settings, with_completer=False, configure_network=True),
-        metrics_port=metrics_port,
-        metrics_host=metrics_host,
-    )
+    rt = build_runtime(settings, with_completer=False, configure_network=True)
+    run_forever(rt, metrics_port=metrics_port, metrics_host=metrics_host)
 
 
 @app.command()
