@@ -196,9 +196,13 @@ def credits_grant(
     mc = _usd(usd, "--usd")
     if mc == 0:
         raise CliError("--usd must be positive")
-    db = open_db()
-    account_id = _resolve_account(db, account)
-    entry = accounts.grant(db, account_id, mc, reason=reason)
+    from walkeep.service.renew import current_epoch_or_none
+
+    rt = _runtime()  # the chain's epoch: paused memories resume now, lapsed ones never
+    account_id = _resolve_account(rt.db, account)
+    entry = accounts.grant(
+        rt.db, account_id, mc, reason=reason, current_epoch=current_epoch_or_none(rt)
+    )
     _emit(
         {
             "account_id": account_id,
@@ -617,7 +621,8 @@ def tidy_help(command: Any, parent: Any = None) -> None:
 
 @account_app.command("list")
 def account_list(as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False) -> None:
-    """Every account with balance, memories, paused count and least runway, worst first."""
+    """Every account with balance, memories, lapsed and paused counts and least runway,
+    worst first (lapsed or paused memories, then the least runway)."""
     from walkeep import ledger
     from walkeep.bootstrap import build_runtime
     from walkeep.service import console
@@ -633,7 +638,8 @@ def account_list(as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)
         typer.echo("no accounts yet: walkeep account create NAME")
         return
     header = (
-        f"{'ACCOUNT':<24} {'BALANCE':>12} {'MEMORIES':>8} {'PAUSED':>6} {'RUNWAY':>7}  LAST RENEWAL"
+        f"{'ACCOUNT':<24} {'BALANCE':>12} {'MEMORIES':>8} {'LAPSED':>6} {'PAUSED':>6} "
+        f"{'RUNWAY':>7}  LAST RENEWAL"
     )
     typer.echo(header)
     for r in rows:
@@ -642,7 +648,7 @@ def account_list(as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)
         name = r.name if len(r.name) <= 24 else r.name[:23] + "…"
         typer.echo(
             f"{name:<24} {'$' + ledger.mc_to_usd_str(r.available_mc):>12} {r.memories:>8} "
-            f"{r.paused:>6} {runway:>7}  {last}"
+            f"{r.lapsed:>6} {r.paused:>6} {runway:>7}  {last}"
         )
 
 
