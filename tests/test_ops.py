@@ -322,7 +322,9 @@ def test_metrics_include_process_and_platform_collectors() -> None:
 
 
 def test_a_second_serve_on_a_port_in_use_fails_first_and_changes_nothing(
-    settings: Settings, clock, tmp_path: Path  # type: ignore[no-untyped-def]
+    settings: Settings,
+    clock,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     """Regression (issue 30): a second `walkeep serve` on a port already in use migrated,
     rewrote server.json and the running network's epoch length (60 s → 3600 s) before
@@ -344,9 +346,7 @@ def test_a_second_serve_on_a_port_in_use_fails_first_and_changes_nothing(
         out = subprocess.run(
             [sys.executable, "-m", "walkeep.cli", "serve", "--port", str(port)],
             # An explicit, different epoch length: even that must not apply.
-            env=walkeep_env(
-                settings.data_dir, settings.db_url, WALKEEP_LOCAL_EPOCH_SECONDS="3600"
-            ),
+            env=walkeep_env(settings.data_dir, settings.db_url, WALKEEP_LOCAL_EPOCH_SECONDS="3600"),
             capture_output=True,
             text=True,
             timeout=120,
@@ -365,7 +365,9 @@ def test_a_second_serve_on_a_port_in_use_fails_first_and_changes_nothing(
 
 
 def test_devnet_without_an_epoch_setting_keeps_the_running_networks_length(
-    settings: Settings, clock, tmp_path: Path  # type: ignore[no-untyped-def]
+    settings: Settings,
+    clock,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     """Regression (issue 30): `walkeep devnet` without WALKEEP_LOCAL_EPOCH_SECONDS
     rewrote a running 60 s network to the 3600 s default and froze its epoch."""

@@ -44,6 +44,7 @@ from walkeep.errors import Internal, Unauthorized, WalkeepError
 from walkeep.service import accounts, alerts, statements, topup, verify
 from walkeep.service import console as svc
 from walkeep.service.runtime import Runtime
+from walkeep.service.views import short_duration
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,14 @@ def size(n: int) -> str:
     return f"{n} B"
 
 
-_env.filters.update(credits=credits, usd=ledger.mc_to_usd_str, when=when, short=short, size=size)
+_env.filters.update(
+    credits=credits,
+    usd=ledger.mc_to_usd_str,
+    when=when,
+    short=short,
+    size=size,
+    duration=short_duration,
+)
 
 
 # --- sessions ---------------------------------------------------------------------------------
