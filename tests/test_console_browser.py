@@ -283,3 +283,41 @@ def test_one_time_links_admin_view_and_refusals(live: Server, clock: Any, page: 
     page.goto(f"{live.url}/console/link/{admin_link}")
     page.get_by_role("button", name="Continue to the console").click()
     page.wait_for_url("**/console/admin")
+
+
+def test_lapsed_memories_are_said_plainly_and_sorted_first(
+    live: Server, clock: Any, page: Any, tmp_path: Path
+) -> None:
+    """Issue 30: paid memories that lapsed get a notice on the account page (desktop and
+    phone), and the admin's worst-first table puts that account above a healthy one."""
+    rt = live.rt
+    _populate(live, clock, "healthy", 500, 2)
+    key = _populate(live, clock, "lapsing", 2, 2)  # both credits spent on the stores
+    _renew(live, clock)  # healthy renews; lapsing pauses
+    clock.advance(rt.chain.epoch_info().duration_seconds * 2)  # lapsing's runway runs out
+
+    _sign_in(page, live, key)
+    notice = page.locator("[data-testid=lapsed-notice]")
+    assert notice.is_visible()
+    assert "2 paid memories lapsed" in notice.inner_text()
+    assert "gone from Walrus" in notice.inner_text()
+    assert set(page.locator("#memories td[data-label=Status]").all_inner_texts()) == {"expired"}
+    assert "An epoch lasts 1 h on this network." in page.inner_text("#runway")
+    # Not "no stored memories" beside "expired 2".
+    assert "no memory is kept any more" in page.inner_text("#runway")
+    page.screenshot(path=str(tmp_path / "lapsed-desktop.png"), full_page=True)
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.reload()
+    assert _no_sideways_scroll(page) and notice.is_visible()
+    page.screenshot(path=str(tmp_path / "lapsed-phone.png"))
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.get_by_role("button", name="Sign out").click()
+
+    _sign_in(page, live, ADMIN_TOKEN)
+    rows = page.locator("#accounts tbody tr")
+    assert rows.nth(0).locator("td[data-label=Account]").inner_text() == "lapsing"
+    assert rows.nth(0).locator("td[data-label=Lapsed]").inner_text() == "2"
+    assert "row-warn" in (rows.nth(0).get_attribute("class") or "")
+    assert rows.nth(1).locator("td[data-label=Account]").inner_text() == "healthy"
+    page.screenshot(path=str(tmp_path / "lapsed-admin.png"), full_page=True)
+    print("screenshots in", tmp_path)
