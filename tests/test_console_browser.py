@@ -321,3 +321,28 @@ def test_lapsed_memories_are_said_plainly_and_sorted_first(
     assert rows.nth(1).locator("td[data-label=Account]").inner_text() == "healthy"
     page.screenshot(path=str(tmp_path / "lapsed-admin.png"), full_page=True)
     print("screenshots in", tmp_path)
+
+
+def test_explorer_pages_fit_a_phone(live: Server, clock: Any, page: Any, tmp_path: Path) -> None:
+    """Issue 30: explorer pages had no viewport meta tag (a 980-px layout shrunk onto a
+    phone) and the address page's Size column wrapped."""
+    _populate(live, clock, "explored", 300, 3)
+    _renew(live, clock)
+    rt = live.rt
+    digest = console.account_view(rt, accounts.find_account_by_name(rt.db, "explored") or "")
+    tx = digest.renewals[0].digest
+    page.set_viewport_size({"width": 390, "height": 844})
+    for path in (f"/explorer/tx/{tx}", f"/explorer/address/{rt.chain.owner_address()}"):
+        page.goto(f"{live.url}{path}")
+        assert page.evaluate("document.documentElement.clientWidth") == 390, path
+        page.screenshot(path=str(tmp_path / (path.split("/")[2] + ".png")), full_page=True)
+        assert _no_sideways_scroll(page), path
+    sizes = page.locator("table.list td.nowrap")
+    assert sizes.count() >= 1
+    lines = sizes.first.evaluate(
+        "el => { const r = document.createRange(); r.selectNodeContents(el);"
+        " return new Set([...r.getClientRects()].map(b => Math.round(b.top))).size; }"
+    )
+    assert lines == 1  # "445556 B" on one line, not wrapped
+    page.screenshot(path=str(tmp_path / "explorer-phone.png"), full_page=True)
+    print("screenshot in", tmp_path)
