@@ -158,7 +158,10 @@ def test_client_configs_are_ready_to_paste() -> None:
     blocks = [b for b in text.split("\n\n") if b.strip().startswith("{") or "{\n" in b]
     parsed = [json.loads(b[b.index("{") :]) for b in blocks]
     assert parsed[0]["mcpServers"]["walkeep"]["headers"]["Authorization"] == "Bearer wk_live_abc"
-    assert parsed[1]["mcpServers"]["walkeep"]["command"] == "walkeep"
+    # Absolute (issue 30): hosts start commands with a minimal PATH, as the README says.
+    command = parsed[1]["mcpServers"]["walkeep"]["command"]
+    assert Path(command).is_absolute() and Path(command).name == "walkeep"
+    assert os.access(command, os.X_OK)
 
 
 def _free_port() -> int:
