@@ -145,11 +145,19 @@ def account_create(
 
 @account_app.command("show")
 def account_show(
-    account: Annotated[str, typer.Option("--account", help="Account id or name.")],
+    name: Annotated[
+        str | None,
+        typer.Argument(help="Account id or name (as `account create NAME`).", show_default=False),
+    ] = None,
+    account: Annotated[
+        str | None, typer.Option("--account", help="Account id or name (as other commands).")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
-    """Show an account's balance."""
-    balance(account=account, as_json=as_json)
+    """Show an account's balance: `account show NAME` or `account show --account NAME`."""
+    if (name is None) == (account is None):
+        raise CliError("give the account once: `walkeep account show NAME` (or --account NAME)")
+    balance(account=name or account or "", as_json=as_json)
 
 
 @key_app.command("create")
