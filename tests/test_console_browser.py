@@ -174,6 +174,13 @@ def test_operator_signs_in_sees_renewals_tops_up_and_downloads_a_statement(
     page.get_by_role("button", name=re.compile("Pay")).click()
     page.wait_for_load_state()
     assert "Credits added" in page.inner_text("h1")
+    checkout_url = page.url.removesuffix("/pay")
+    # Issue 30: a paid page led nowhere; it links back, and says "Already paid" later.
+    page.get_by_role("link", name=re.compile("Back to the console")).click()
+    page.wait_for_url("**/console/account")
+    page.goto(checkout_url)
+    assert page.inner_text("h1") == "Already paid"
+    assert page.get_by_role("link", name=re.compile("Back to the console")).is_visible()
     page.goto(f"{live.url}/console")
     after = _available_mc(live, "acme")
     assert after == before + 500_000
@@ -234,6 +241,9 @@ def test_one_time_links_admin_view_and_refusals(live: Server, clock: Any, page: 
         page.get_by_role("button", name="Continue to the console").click()
     assert resp.value.status == 401
     assert "invalid, used or expired" in page.inner_text(".err")
+    # Commands in messages show as code, not as literal backticks (issue 30).
+    assert "`" not in page.inner_text(".err")
+    assert page.locator(".err code", has_text="walkeep console-link").count() == 1
 
     # A form without its CSRF token is refused and changes nothing.
     _sign_in(page, live, key)
@@ -296,7 +306,15 @@ def test_lapsed_memories_are_said_plainly_and_sorted_first(
     _renew(live, clock)  # healthy renews; lapsing pauses
     clock.advance(rt.chain.epoch_info().duration_seconds * 2)  # lapsing's runway runs out
 
+    from walkeep.service import alerts
+
+    lapsing = accounts.find_account_by_name(rt.db, "lapsing")
+    assert lapsing is not None
+    alerts.set_alert_webhook(rt, lapsing, "https://ops.example/hooks")
+
     _sign_in(page, live, key)
+    # Not "(ok now)" at 0 credits: nothing is left to renew (issue 30).
+    assert "(nothing to renew now)" in page.inner_text("#alerts")
     notice = page.locator("[data-testid=lapsed-notice]")
     assert notice.is_visible()
     assert "2 paid memories lapsed" in notice.inner_text()
