@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session
 
 from walkeep import ledger, lifecycle, metrics, usage
@@ -54,19 +54,25 @@ def sweep(rt: Runtime) -> SweepReport:
         if lapsed_ids:
             # Paid-for memories (not forgotten) that lapse: say so, per account, in the
             # transaction that marks them (nothing lapses silently).
-            lost: dict[str, list[str]] = {}
-            for acct, mid in s.execute(
-                select(Memory.account_id, Memory.id)
-                .where(
-                    Memory.blob_pk.in_(lapsed_ids),
-                    Memory.status.in_([MemoryStatus.ACTIVE, MemoryStatus.PAUSED]),
-                )
-                .order_by(Memory.account_id, Memory.id)
-            ):
-                lost.setdefault(acct, []).append(mid)
-            for acct, mids in lost.items():
-                alerts.emit(s, acct, "memories.expired", _expired_alert(mids))
-            report.lapsed_paid_memories = sum(len(m) for m in lost.values())
+            paid = (
+                Memory.blob_pk.in_(lapsed_ids),
+                Memory.status.in_([MemoryStatus.ACTIVE, MemoryStatus.PAUSED]),
+            )
+            lost = s.execute(
+                select(Memory.account_id, func.count())
+                .where(*paid)
+                .group_by(Memory.account_id)
+                .order_by(Memory.account_id)
+            ).all()
+            for acct, n in lost:
+                shown = s.scalars(
+                    select(Memory.id)
+                    .where(*paid, Memory.account_id == acct)
+                    .order_by(Memory.id)
+                    .limit(EXPIRED_IDS_SHOWN)
+                ).all()
+                alerts.emit(s, acct, "memories.expired", _expired_alert(int(n), list(shown)))
+            report.lapsed_paid_memories = sum(int(n) for _acct, n in lost)
             kept = [MemoryStatus.ACTIVE, MemoryStatus.PAUSED, MemoryStatus.NO_RENEW]
             freed = usage.kept_bytes(s, [Memory.blob_pk.in_(lapsed_ids), Memory.status.in_(kept)])
             res = s.execute(
@@ -139,10 +145,10 @@ def sweep(rt: Runtime) -> SweepReport:
 EXPIRED_IDS_SHOWN = 100
 
 
-def _expired_alert(memory_ids: list[str]) -> dict[str, object]:
+def _expired_alert(count: int, memory_ids: list[str]) -> dict[str, object]:
     return {
-        "expired_memories": len(memory_ids),
-        "memory_ids": memory_ids[:EXPIRED_IDS_SHOWN],
+        "expired_memories": count,
+        "memory_ids": memory_ids,
         "reason": "their paid storage ran out before a renewal could be paid",
         "note": "they are gone from Walrus and no longer appear in recall or export; "
         "check_runway lists them as expired. Store them again to keep them",
