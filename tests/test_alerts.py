@@ -21,7 +21,7 @@ from sqlalchemy import select
 from tests.helpers import epoch_seconds, land_all
 from walkeep.clock import ManualClock
 from walkeep.config import Settings
-from walkeep.db.models import AlertEvent
+from walkeep.db.models import AlertEvent, Memory
 from walkeep.errors import NotFound, ValidationError
 from walkeep.service import accounts, alerts, renew, store, topup
 from walkeep.service.runtime import Runtime
@@ -403,3 +403,49 @@ def test_the_readme_verification_snippet_accepts_a_real_delivery(
     # The test clock is days away from the wall clock: disable the age check here.
     assert namespace["verify"](secret, headers["walkeep-signature"], body, tolerance=10**9)
     assert not namespace["verify"](secret, headers["walkeep-signature"], body + b" ", 10**9)
+
+
+def test_lapsed_memories_are_not_resumed_and_their_lapse_is_alerted(
+    rt: Runtime, clock: ManualClock, receiver: Receiver
+) -> None:
+    """Regression (issue 30): memories lapsed one epoch after a pause; a top-up then sent
+    `memories.resumed {resumed_memories: 5}` while check_runway showed all five expired,
+    and nothing ever said they had lapsed. Export listed them too, unlike recall."""
+    from walkeep.service import export, forget, runway, sweep
+
+    acct = accounts.create_account(rt.db, "lapsing", credits_mc=4000).account_id
+    alerts.set_alert_webhook(rt, acct, receiver.url)
+    mids = [
+        store.store(rt, acct, content=f"fact {i}", request_id=f"r{i}").memory_id for i in range(4)
+    ]
+    land_all(rt)
+    forget.forget(rt, acct, memory_id=mids[3], request_id="f3")  # lapses by choice
+    paid = sorted(mids[:3])
+    step = epoch_seconds(rt)
+    clock.advance(step * 3)  # runway 2: due, and nothing left to pay with
+    assert renew.renew(rt).paused_memories == 3
+    clock.advance(step * 2)  # runway 0: the blobs are gone; the sweep has not run yet
+    assert {m.status for m in runway.check_runway(rt, acct).memories} == {"expired"}
+    assert export.export(rt, acct).memories == []  # as recall: lapsed memories are gone
+
+    url = topup.top_up(rt, acct, "5.00", "pay-1").checkout_url
+    cid = url.rsplit("/", 1)[1]
+    assert topup.pay_local(rt, cid, topup.issue_pay_token(rt, cid)) is True
+    with rt.db.read() as s:
+        queued = s.scalars(select(AlertEvent.type).where(AlertEvent.account_id == acct)).all()
+        statuses = set(s.scalars(select(Memory.status).where(Memory.id.in_(paid))))
+    assert "memories.resumed" not in queued and statuses == {"paused"}  # nothing resumed
+    assert renew.resume_eligible(rt) == 0
+    summary = runway.check_runway(rt, acct).account
+    assert summary is not None and summary.active == 0
+
+    report = sweep.sweep(rt)
+    assert report.expired_memories == 4 and report.lapsed_paid_memories == 3
+    assert sweep.sweep(rt).lapsed_paid_memories == 0  # once
+    _deliver_until_quiet(rt, clock)
+    events = receiver.bodies()
+    assert "memories.resumed" not in _types(events)
+    (expired,) = [e for e in events if e["type"] == "memories.expired"]
+    assert expired["account_id"] == acct
+    assert expired["data"]["expired_memories"] == 3 and expired["data"]["memory_ids"] == paid
+    assert "gone from Walrus" in expired["data"]["note"]

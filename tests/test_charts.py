@@ -102,3 +102,31 @@ def test_edge_labels_stay_inside_the_drawing() -> None:
     anchors = {t.text: t.get("text-anchor") for t in ET.fromstring(svg).iter(f"{SVG}text")}
     assert (anchors["first"], anchors["mid"], anchors["last"]) == ("start", "middle", "end")
     assert (anchors["now"], anchors["end"]) == ("start", "end")
+
+
+def test_a_balance_history_is_drawn_as_steps() -> None:
+    """Issue 30: a top-up is a jump at an instant; a polyline drew it as a slope from the
+    previous ledger entry."""
+    from walkeep.api import charts
+
+    assert charts.steps([(0, 1), (5, 1), (6, 9), (8, 4)]) == [
+        (0, 1),
+        (5, 1),
+        (6, 1),
+        (6, 9),
+        (8, 9),
+        (8, 4),
+    ]
+    svg = charts.line_chart(
+        [charts.Series([(0, 1), (10, 9)], "line-history", "balance", step=True)], title="t"
+    )
+    d = svg.split('class="line-history" d="', 1)[1].split('"', 1)[0]
+    assert len(d.split("L")) == 3  # up the jump at x=10, not a diagonal
+
+
+def test_an_all_zero_bar_chart_says_so() -> None:
+    from walkeep.api import charts
+
+    svg = charts.bar_chart([("a", 0), ("b", 0)], title="t", empty_text="No renewals yet")
+    assert 'class="empty"' in svg and "No renewals yet" in svg
+    assert "No renewals yet" not in charts.bar_chart([("a", 1)], title="t", empty_text="No")

@@ -138,3 +138,29 @@ def test_configuration_errors_never_echo_secrets() -> None:
     text = str(err.value)
     assert "WALKEEP_DATABASE_URL=(hidden)" in text and "hunter2" not in text
     assert "WALKEEP_RENEW_BATCH=0 is invalid: must be greater than or equal to 1" in text
+
+
+def test_account_show_takes_the_name_as_create_does_or_with_account(env: dict[str, str]) -> None:
+    """Issue 30: `account create NAME` is positional, `account show` took only --account."""
+    assert run(["account", "create", "acme", "--credits-usd", "2"], env).returncode == 0
+    for args in (["acme"], ["--account", "acme"]):
+        out = run(["account", "show", *args, "--json"], env)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["name"] == "acme"
+    for args in ([], ["acme", "--account", "acme"]):
+        bad = run(["account", "show", *args], env)
+        assert bad.returncode == 1 and bad.stderr.startswith("walkeep: error: give the account")
+
+
+def test_doctor_does_not_claim_an_epoch_setting_nobody_made(env: dict[str, str]) -> None:
+    """Issue 30: doctor said "WALKEEP_LOCAL_EPOCH_SECONDS=3600 here" when nothing was set."""
+    from walkeep.backends.localnet.engine import LocalNetwork
+    from walkeep.clock import SystemClock
+
+    LocalNetwork(
+        Path(env["WALKEEP_DATA_DIR"]) / "localnet", SystemClock(), epoch_seconds=60, configure=True
+    ).close()
+    out = run(["doctor"], {**env, "WALKEEP_EMBEDDER": "hash"})
+    chain = next(line for line in out.stdout.splitlines() if "] chain:" in line)
+    assert "epoch length 60 s" in chain and "WALKEEP_LOCAL_EPOCH_SECONDS not set here" in chain
+    assert "=3600" not in chain

@@ -174,6 +174,13 @@ def test_operator_signs_in_sees_renewals_tops_up_and_downloads_a_statement(
     page.get_by_role("button", name=re.compile("Pay")).click()
     page.wait_for_load_state()
     assert "Credits added" in page.inner_text("h1")
+    checkout_url = page.url.removesuffix("/pay")
+    # Issue 30: a paid page led nowhere; it links back, and says "Already paid" later.
+    page.get_by_role("link", name=re.compile("Back to the console")).click()
+    page.wait_for_url("**/console/account")
+    page.goto(checkout_url)
+    assert page.inner_text("h1") == "Already paid"
+    assert page.get_by_role("link", name=re.compile("Back to the console")).is_visible()
     page.goto(f"{live.url}/console")
     after = _available_mc(live, "acme")
     assert after == before + 500_000
@@ -234,6 +241,9 @@ def test_one_time_links_admin_view_and_refusals(live: Server, clock: Any, page: 
         page.get_by_role("button", name="Continue to the console").click()
     assert resp.value.status == 401
     assert "invalid, used or expired" in page.inner_text(".err")
+    # Commands in messages show as code, not as literal backticks (issue 30).
+    assert "`" not in page.inner_text(".err")
+    assert page.locator(".err code", has_text="walkeep console-link").count() == 1
 
     # A form without its CSRF token is refused and changes nothing.
     _sign_in(page, live, key)
@@ -283,3 +293,78 @@ def test_one_time_links_admin_view_and_refusals(live: Server, clock: Any, page: 
     page.goto(f"{live.url}/console/link/{admin_link}")
     page.get_by_role("button", name="Continue to the console").click()
     page.wait_for_url("**/console/admin")
+
+
+def test_lapsed_memories_are_said_plainly_and_sorted_first(
+    live: Server, clock: Any, page: Any, tmp_path: Path
+) -> None:
+    """Issue 30: paid memories that lapsed get a notice on the account page (desktop and
+    phone), and the admin's worst-first table puts that account above a healthy one."""
+    rt = live.rt
+    _populate(live, clock, "healthy", 500, 2)
+    key = _populate(live, clock, "lapsing", 2, 2)  # both credits spent on the stores
+    _renew(live, clock)  # healthy renews; lapsing pauses
+    clock.advance(rt.chain.epoch_info().duration_seconds * 2)  # lapsing's runway runs out
+
+    from walkeep.service import alerts
+
+    lapsing = accounts.find_account_by_name(rt.db, "lapsing")
+    assert lapsing is not None
+    alerts.set_alert_webhook(rt, lapsing, "https://ops.example/hooks")
+
+    _sign_in(page, live, key)
+    # Not "(ok now)" at 0 credits: nothing is left to renew (issue 30).
+    assert "(nothing to renew now)" in page.inner_text("#alerts")
+    notice = page.locator("[data-testid=lapsed-notice]")
+    assert notice.is_visible()
+    assert "2 paid memories lapsed" in notice.inner_text()
+    assert "gone from Walrus" in notice.inner_text()
+    assert set(page.locator("#memories td[data-label=Status]").all_inner_texts()) == {"expired"}
+    assert "An epoch lasts 1 h on this network." in page.inner_text("#runway")
+    # Not "no stored memories" beside "expired 2".
+    assert "no memory is kept any more" in page.inner_text("#runway")
+    page.screenshot(path=str(tmp_path / "lapsed-desktop.png"), full_page=True)
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.reload()
+    assert _no_sideways_scroll(page) and notice.is_visible()
+    page.screenshot(path=str(tmp_path / "lapsed-phone.png"))
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.get_by_role("button", name="Sign out").click()
+
+    _sign_in(page, live, ADMIN_TOKEN)
+    rows = page.locator("#accounts tbody tr")
+    assert rows.nth(0).locator("td[data-label=Account]").inner_text() == "lapsing"
+    assert rows.nth(0).locator("td[data-label=Lapsed]").inner_text() == "2"
+    assert "row-warn" in (rows.nth(0).get_attribute("class") or "")
+    assert rows.nth(1).locator("td[data-label=Account]").inner_text() == "healthy"
+    page.screenshot(path=str(tmp_path / "lapsed-admin.png"), full_page=True)
+    print("screenshots in", tmp_path)
+
+
+def test_explorer_pages_fit_a_phone(live: Server, clock: Any, browser: Any, tmp_path: Path) -> None:
+    """Issue 30: explorer pages had no viewport meta tag (a 980-px layout shrunk onto a
+    phone) and the address page's Size column wrapped. A mobile context honours the
+    viewport tag as a phone does (a desktop one ignores it)."""
+    _populate(live, clock, "explored", 300, 3)
+    _renew(live, clock)
+    rt = live.rt
+    digest = console.account_view(rt, accounts.find_account_by_name(rt.db, "explored") or "")
+    tx = digest.renewals[0].digest
+    context = browser.new_context(
+        viewport={"width": 390, "height": 844}, is_mobile=True, device_scale_factor=2
+    )
+    page = context.new_page()
+    for path in (f"/explorer/tx/{tx}", f"/explorer/address/{rt.chain.owner_address()}"):
+        page.goto(f"{live.url}{path}")
+        assert page.evaluate("document.documentElement.clientWidth") == 390, path
+        page.screenshot(path=str(tmp_path / (path.split("/")[2] + ".png")), full_page=True)
+        assert _no_sideways_scroll(page), path
+    sizes = page.locator("table.list td.nowrap")
+    assert sizes.count() >= 1
+    lines = sizes.first.evaluate(
+        "el => { const r = document.createRange(); r.selectNodeContents(el);"
+        " return new Set([...r.getClientRects()].map(b => Math.round(b.top))).size; }"
+    )
+    assert lines == 1  # "445556 B" on one line, not wrapped
+    context.close()
+    print("screenshots in", tmp_path)

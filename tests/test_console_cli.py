@@ -68,3 +68,27 @@ def test_console_link_prints_a_single_use_link(env: dict[str, str]) -> None:  # 
     for args in ([], ["--admin", "--account", "acme"]):
         bad = run(["console-link", *args], env)
         assert bad.returncode == 1 and "either --account NAME or --admin" in bad.stderr
+
+
+def test_console_link_uses_the_address_the_running_server_recorded(env: dict[str, str]) -> None:  # noqa: F811
+    """Regression (issue 30): the link went to port 8080 while `walkeep serve` ran on
+    another port and had recorded it in <data dir>/server.json (as `smoke` reads it)."""
+    from pathlib import Path
+
+    from walkeep.config import Settings
+    from walkeep.ops import record_server
+
+    assert run(["account", "create", "acme"], env).returncode == 0
+    data_dir = Path(env["WALKEEP_DATA_DIR"])
+    # What `walkeep serve --port 8765` records at start.
+    record_server(Settings(data_dir=data_dir, public_url="http://127.0.0.1:8765"))
+    out = run(["console-link", "--account", "acme", "--json"], env)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["url"].startswith("http://127.0.0.1:8765/console/link/wkc_")
+    admin = run(["console-link", "--admin"], env)
+    assert admin.stdout.startswith("http://127.0.0.1:8765/console/link/wkc_")
+    # An explicit WALKEEP_PUBLIC_URL still wins over the record.
+    explicit = run(
+        ["console-link", "--admin"], {**env, "WALKEEP_PUBLIC_URL": "https://walkeep.example.com/"}
+    )
+    assert explicit.stdout.startswith("https://walkeep.example.com/console/link/wkc_")

@@ -253,3 +253,37 @@ def test_admin_view_counts_renewals_per_day_and_open_holds(rt, clock) -> None:  
     assert len(v.days) == console.ADMIN_DAYS
     assert v.open_holds == 1 and v.holds[0].ref.startswith("store:")
     assert [a.account_id for a in v.accounts] == [acct]
+
+
+def test_worst_first_puts_lapsed_memories_above_a_healthy_account(rt, clock) -> None:  # type: ignore[no-untyped-def]
+    """Regression (issue 30): an account whose memories had all lapsed has no runway
+    left to compare and sorted below a healthy one. Lapsed (paid-for, not forgotten) and
+    paused memories come first, then runway."""
+    from walkeep.service import forget, sweep
+    from walkeep.service.runway import check_runway
+
+    healthy = account(rt, credits=100, name="healthy")
+    lapsing = account(rt, credits=2, name="lapsing")  # two stores, then nothing for renewals
+    tidy = account(rt, credits=100, name="tidy")  # forgets its memory: lapsing is its choice
+    for a, n in ((healthy, 2), (lapsing, 2), (tidy, 1)):
+        for i in range(n):
+            store.store(rt, a, content=f"{a} {i}", request_id=f"{a}-{i}")
+    land_all(rt)
+    (mid,) = [m.memory_id for m in check_runway(rt, tidy).memories]
+    forget.forget(rt, tidy, memory_id=mid, request_id="tidy-forget")
+    clock.advance(epoch_seconds(rt) * 3)
+    renew.renew(rt)  # healthy renews; lapsing pauses
+    clock.advance(epoch_seconds(rt) * 2)  # lapsing's paid runway runs out
+    for swept in (False, True):
+        if swept:
+            sweep.sweep(rt)
+        rows = console.account_summaries(rt)
+        assert [r.name for r in rows] == ["lapsing", "healthy", "tidy"], swept
+        by_name = {r.name: r for r in rows}
+        assert by_name["lapsing"].lapsed == 2 and by_name["lapsing"].needs_action
+        assert by_name["tidy"].lapsed == 0 and not by_name["tidy"].needs_action
+        assert by_name["lapsing"].to_json()["lapsed"] == 2
+    # Forgetting a lapsed memory acknowledges it: the account stops asking for action.
+    for m in check_runway(rt, lapsing).memories:
+        forget.forget(rt, lapsing, memory_id=m.memory_id, request_id=f"ack-{m.memory_id}")
+    assert {r.name: r for r in console.account_summaries(rt)}["lapsing"].lapsed == 0

@@ -158,7 +158,10 @@ def test_client_configs_are_ready_to_paste() -> None:
     blocks = [b for b in text.split("\n\n") if b.strip().startswith("{") or "{\n" in b]
     parsed = [json.loads(b[b.index("{") :]) for b in blocks]
     assert parsed[0]["mcpServers"]["walkeep"]["headers"]["Authorization"] == "Bearer wk_live_abc"
-    assert parsed[1]["mcpServers"]["walkeep"]["command"] == "walkeep"
+    # Absolute (issue 30): hosts start commands with a minimal PATH, as the README says.
+    command = parsed[1]["mcpServers"]["walkeep"]["command"]
+    assert Path(command).is_absolute() and Path(command).name == "walkeep"
+    assert os.access(command, os.X_OK)
 
 
 def _free_port() -> int:
@@ -320,3 +323,85 @@ def test_metrics_include_process_and_platform_collectors() -> None:
     text = generate_latest(metrics.REGISTRY).decode()
     assert "process_resident_memory_bytes" in text
     assert "python_info{" in text and "python_gc_objects_collected_total" in text
+
+
+def test_a_second_serve_on_a_port_in_use_fails_first_and_changes_nothing(
+    settings: Settings,
+    clock,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    """Regression (issue 30): a second `walkeep serve` on a port already in use migrated,
+    rewrote server.json and the running network's epoch length (60 s → 3600 s) before
+    uvicorn found the port taken."""
+    import socket
+
+    from tests.live_serve import walkeep_env
+    from walkeep.backends.localnet.engine import LocalNetwork
+    from walkeep.ops import SERVER_FILE, record_server
+
+    server = LocalNetwork(settings.localnet_dir, clock, epoch_seconds=60, configure=True)
+    running = settings.model_copy(update={"public_url": "http://127.0.0.1:9999"})
+    record_server(running)
+    recorded = (settings.data_dir / SERVER_FILE).read_text()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run(
+            [sys.executable, "-m", "walkeep.cli", "serve", "--port", str(port)],
+            # An explicit, different epoch length: even that must not apply.
+            env=walkeep_env(settings.data_dir, settings.db_url, WALKEEP_LOCAL_EPOCH_SECONDS="3600"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    try:
+        assert out.returncode == 1
+        assert out.stderr.startswith("walkeep: error: ") and "already in use" in out.stderr
+        assert "Traceback" not in out.stderr and len(out.stderr.splitlines()) == 1
+        assert (settings.data_dir / SERVER_FILE).read_text() == recorded
+        assert server.epoch_seconds == 60
+        before = server.current_epoch()
+        clock.advance(60)
+        assert server.current_epoch() == before + 1  # still ticking at 60 s
+    finally:
+        server.close()
+
+
+def test_devnet_without_an_epoch_setting_keeps_the_running_networks_length(
+    settings: Settings,
+    clock,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    """Regression (issue 30): `walkeep devnet` without WALKEEP_LOCAL_EPOCH_SECONDS
+    rewrote a running 60 s network to the 3600 s default and froze its epoch."""
+    from tests.live_serve import free_port, walkeep_env
+    from walkeep.backends.localnet.engine import LocalNetwork
+
+    LocalNetwork(settings.localnet_dir, clock, epoch_seconds=60, configure=True).close()
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "walkeep.cli", "devnet", "--port", str(port)],
+        env=walkeep_env(settings.data_dir, settings.db_url),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, "walkeep devnet exited"
+            try:
+                info = httpx.get(f"http://127.0.0.1:{port}/local/v1/epoch", timeout=2).json()
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, "walkeep devnet did not answer"
+                time.sleep(0.1)
+        assert info["epoch_seconds"] == 60
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    reopened = LocalNetwork(settings.localnet_dir, clock)
+    try:
+        assert reopened.epoch_seconds == 60
+    finally:
+        reopened.close()

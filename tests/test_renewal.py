@@ -101,7 +101,10 @@ def test_out_of_credits_pauses_then_a_top_up_resumes_without_anyone_acting(
     summary = runway.check_runway(rt, a).account
     assert summary is not None and summary.paused == 1
 
-    accounts.grant(rt.db, a, 100_000, reason="operator top-up")  # credit → resume
+    # credit → resume
+    accounts.grant(
+        rt.db, a, 100_000, reason="operator top-up", current_epoch=rt.chain.current_epoch()
+    )
     assert _view(rt, a, mid).status == "active"
     assert renew.renew(rt).transactions == 1
     v = _view(rt, a, mid)

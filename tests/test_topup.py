@@ -28,12 +28,13 @@ from fastapi import FastAPI
 from sqlalchemy import func, select
 
 from tests.helpers import console_sign_in
-from walkeep import ledger
+from walkeep import ledger, lifecycle
 from walkeep.api.payments import router
+from walkeep.backends.base import BlobObject
 from walkeep.clock import ManualClock
 from walkeep.config import Settings
 from walkeep.db import Database
-from walkeep.db.models import CheckoutSession, LedgerEntry, Memory, StripeEvent
+from walkeep.db.models import Blob, CheckoutSession, LedgerEntry, Memory, StripeEvent
 from walkeep.errors import NotFound, PaymentsUnavailable, ValidationError
 from walkeep.ledger import Kind
 from walkeep.payments.base import InvalidSignature
@@ -138,12 +139,19 @@ def _settings(tmp_path: Path, fake: FakeStripe | None) -> Settings:
     return Settings(**values)  # type: ignore[arg-type]
 
 
+class _Epoch0:
+    """The one chain fact a credit reads: which paused memories are still paid for."""
+
+    def current_epoch(self) -> int:
+        return 0
+
+
 def _runtime(db: Database, clock: ManualClock, settings: Settings, payments: object) -> Runtime:
     return Runtime(
         settings=settings,
         db=db,
         clock=clock,
-        chain=None,  # type: ignore[arg-type]
+        chain=_Epoch0(),  # type: ignore[arg-type]
         relayer=None,  # type: ignore[arg-type]
         payments=payments,  # type: ignore[arg-type]
     )
@@ -203,8 +211,20 @@ def local(db: Database, clock: ManualClock, tmp_path: Path) -> Iterator[Env]:
 
 
 def _paused_memory(db: Database, clock: ManualClock, account_id: str) -> str:
+    """A paused memory whose blob is paid until epoch 5 (the test chain is at epoch 0)."""
     now = clock.now()
     with db.begin() as s:
+        blob = Blob(
+            **lifecycle.blob_row(
+                BlobObject("b" * 43, "0x" + "1" * 64, 10, 1000, 0, 5, "0x" + "2" * 64),
+                account_id,
+                lifecycle.BlobStatus.LIVE,
+                now,
+                2,
+            )
+        )
+        s.add(blob)
+        s.flush()
         s.add(
             Memory(
                 id="mem_pausedpausedpausedpaused01",
@@ -214,6 +234,8 @@ def _paused_memory(db: Database, clock: ManualClock, account_id: str) -> str:
                 size_bytes=10,
                 content_hash="0" * 64,
                 status="paused",
+                blob_pk=blob.id,
+                blob_id=blob.blob_id,
                 cost_mc=1000,
                 accepted_at=now,
                 deadline_at=now,
@@ -571,9 +593,9 @@ def test_credit_checkout_requires_paid(env: Env) -> None:
     with env.db.begin() as s:
         row = s.get(CheckoutSession, cid)
         assert row is not None
-        assert credit_checkout(s, row, unpaid, source="test") is False
-        assert credit_checkout(s, row, paid, source="test") is True
-        assert credit_checkout(s, row, paid, source="test") is False
+        assert credit_checkout(s, row, unpaid, source="test", rt=env.rt) is False
+        assert credit_checkout(s, row, paid, source="test", rt=env.rt) is True
+        assert credit_checkout(s, row, paid, source="test", rt=env.rt) is False
     assert env.balance_mc() == 500_000
 
 

@@ -174,3 +174,54 @@ def test_cli_prints_one_line_per_fact_and_exits_non_zero_on_a_mismatch(
 
     usage = _cli(["verify"], settings, tmp_path)
     assert usage.returncode == 1 and "exactly one of" in usage.stderr
+
+
+def test_a_memory_audit_shows_its_own_calls_and_counts_the_batchs_others(
+    rt: Runtime, clock: ManualClock
+) -> None:
+    """Issue 30: `verify --memory` printed every call of every batch (~70 lines for one
+    memory). Its own blob's calls are listed; the rest of a batch is one counted fact,
+    and a failure among them is still listed by name."""
+    digests, mids = _renewed_world(rt, clock)
+    with rt.db.read() as s:
+        object_id = s.scalar(
+            select(Blob.blob_object_id)
+            .join(Memory, Memory.blob_pk == Blob.id)
+            .where(Memory.id == mids[0])
+        )
+    report = verify.verify_memory(rt, mids[0])
+    assert report.ok
+    blob_facts = [f for f in report.facts if f.name.endswith(" blob object")]
+    assert len(blob_facts) == 3 and all(
+        f.detail.startswith(f"chain {object_id},") for f in blob_facts
+    )
+    others = [f for f in report.facts if f.name.endswith("other calls")]
+    assert len(others) == 3 and all("call(s) for other blobs" in f.detail for f in others)
+    # A mismatch in another blob's call of the batch still fails the audit, by name.
+    with rt.db.begin() as s:
+        rid = s.scalar(select(Renewal.id).where(Renewal.digest == digests[0]))
+        s.execute(
+            update(RenewalItem)
+            .where(
+                RenewalItem.renewal_id == rid,
+                RenewalItem.blob_pk
+                != select(Blob.id).where(Blob.blob_object_id == object_id).scalar_subquery(),
+            )
+            .values(epochs=9)
+        )
+    failed = _failed(verify.verify_memory(rt, mids[0]))
+    assert any(name.endswith("other calls") for name in failed)
+    assert any(name.endswith(" epochs") for name in failed)
+
+
+def test_verify_of_something_that_is_no_digest_says_so(
+    rt: Runtime, settings: Settings, tmp_path: Path
+) -> None:
+    """Issue 30: `walkeep verify hello` printed a FAIL as if Walkeep had lost a renewal."""
+    from walkeep.errors import ValidationError
+
+    with pytest.raises(ValidationError, match="not a transaction digest"):
+        verify.verify_digest(rt, "hello")
+    out = _cli(["verify", "hello"], settings, tmp_path)
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.startswith("walkeep: error: 'hello' is not a transaction digest")

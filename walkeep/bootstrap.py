@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from walkeep.backends.base import BlobStore, Chain, Faults, Relayer
 from walkeep.clock import Clock, SystemClock
@@ -18,6 +19,9 @@ from walkeep.errors import ConfigurationError
 from walkeep.payments.base import Payments
 from walkeep.pressure import Pressure
 from walkeep.service.runtime import Runtime
+
+if TYPE_CHECKING:
+    from walkeep.backends.localnet.engine import LocalNetwork
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +139,33 @@ def check_config(settings: Settings) -> list[ConfigProblem]:
     return p
 
 
+def open_local_network(
+    settings: Settings, clock: Clock, *, owner: bool, faults: Faults | None = None
+) -> LocalNetwork:
+    """Open the local network under the data dir.
+
+    Only the process that runs it (``owner``: ``walkeep serve``, ``worker``,
+    ``devnet``) may change its epoch length or storage price, and only with a value
+    set explicitly (``WALKEEP_LOCAL_EPOCH_SECONDS`` / ``_STORAGE_PRICE_FROST``): a
+    default is no reason to rewrite a network another process is running (a
+    ``walkeep devnet`` started without the variable turned a 60 s network into a
+    3600 s one and froze its epoch). A new network takes the defaults.
+    """
+    from walkeep.backends.localnet.engine import LocalNetwork
+
+    explicit = settings.model_fields_set
+    return LocalNetwork(
+        settings.localnet_dir,
+        clock,
+        epoch_seconds=settings.local_epoch_seconds if "local_epoch_seconds" in explicit else None,
+        storage_price_frost=settings.local_storage_price_frost
+        if "local_storage_price_frost" in explicit
+        else None,
+        faults=faults,
+        configure=owner,
+    )
+
+
 def build_runtime(
     settings: Settings,
     *,
@@ -167,17 +198,9 @@ def build_runtime(
     # --- chain ----------------------------------------------------------------------
     if settings.network == "local":
         from walkeep.backends.localnet.chain import LocalChain
-        from walkeep.backends.localnet.engine import LocalNetwork
 
         faults = Faults()
-        network = LocalNetwork(
-            settings.localnet_dir,
-            clock,
-            epoch_seconds=settings.local_epoch_seconds,
-            storage_price_frost=settings.local_storage_price_frost,
-            faults=faults,
-            configure=configure_network,
-        )
+        network = open_local_network(settings, clock, owner=configure_network, faults=faults)
         chain = LocalChain(network, public_url=settings.public_url.rstrip("/"))
         extras["localnet"] = network
         extras["faults"] = faults

@@ -12,8 +12,10 @@ start fast and never load models, an ONNX runtime or the local network.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
+import socket
 import sys
 from decimal import Decimal
 from typing import TYPE_CHECKING, Annotated, Any
@@ -144,11 +146,19 @@ def account_create(
 
 @account_app.command("show")
 def account_show(
-    account: Annotated[str, typer.Option("--account", help="Account id or name.")],
+    name: Annotated[
+        str | None,
+        typer.Argument(help="Account id or name (as `account create NAME`).", show_default=False),
+    ] = None,
+    account: Annotated[
+        str | None, typer.Option("--account", help="Account id or name (as other commands).")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
-    """Show an account's balance."""
-    balance(account=account, as_json=as_json)
+    """Show an account's balance: `account show NAME` or `account show --account NAME`."""
+    if (name is None) == (account is None):
+        raise CliError("give the account once: `walkeep account show NAME` (or --account NAME)")
+    balance(account=name or account or "", as_json=as_json)
 
 
 @key_app.command("create")
@@ -195,9 +205,13 @@ def credits_grant(
     mc = _usd(usd, "--usd")
     if mc == 0:
         raise CliError("--usd must be positive")
-    db = open_db()
-    account_id = _resolve_account(db, account)
-    entry = accounts.grant(db, account_id, mc, reason=reason)
+    from walkeep.service.renew import current_epoch_or_none
+
+    rt = _runtime()  # the chain's epoch: paused memories resume now, lapsed ones never
+    account_id = _resolve_account(rt.db, account)
+    entry = accounts.grant(
+        rt.db, account_id, mc, reason=reason, current_epoch=current_epoch_or_none(rt)
+    )
     _emit(
         {
             "account_id": account_id,
@@ -292,6 +306,7 @@ def serve_banner(
     first_run_text: str | None,
     workers: int = 1,
     worker_in_process: bool = True,
+    schedule: str | None = None,
 ) -> str:
     """What a person at the terminal needs, printed after start-up logging."""
     from walkeep.onboarding import credentials_path
@@ -309,6 +324,8 @@ def serve_banner(
     if workers > 1:
         jobs = f"scheduler in pid {os.getpid()}" if worker_in_process else "no scheduler"
         lines.append(f"  Processes      {workers} web processes on one port, {jobs}")
+    if schedule:
+        lines.append(f"  Worker         {schedule}")
     if first_run_text:
         lines += ["", first_run_text.rstrip()]
     else:
@@ -347,6 +364,7 @@ def serve(
 
     settings = _serve_settings(host, port)
     check_workers(settings, workers)  # before anything is opened or bound
+    listener = _bind(host, port, "--port")  # before anything is changed
     logs.setup(settings.log_level, fmt=settings.log_format)
     db = open_db(settings)
     from walkeep.ops import record_server
@@ -357,6 +375,12 @@ def serve(
     # With --workers the web processes build their own runtimes; this one configures the
     # local network once and runs the scheduler and the completer (walkeep.api.serve).
     rt = build_runtime(settings, configure_network=True)
+    schedule = None
+    if not no_worker:
+        from walkeep.scheduler.jobs import schedule_note
+
+        # Refuses an interval set too long for the epoch before anything is served.
+        schedule = schedule_note(rt)
     banner = serve_banner(
         settings,
         host=host,
@@ -366,11 +390,18 @@ def serve(
         first_run_text=welcome,
         workers=workers,
         worker_in_process=not no_worker,
+        schedule=schedule,
     )
     if workers == 1:
-        serve_one(rt, host=host, port=port, banner=banner, scheduler=not no_worker)
+        serve_one(rt, host=host, port=port, banner=banner, scheduler=not no_worker, sock=listener)
     elif not serve_many(
-        rt, host=host, port=port, workers=workers, banner=banner, scheduler=not no_worker
+        rt,
+        host=host,
+        port=port,
+        workers=workers,
+        banner=banner,
+        scheduler=not no_worker,
+        sock=listener,
     ):
         raise CliError("a web process failed to start (its error is above); stopped them all")
 
@@ -440,11 +471,8 @@ def worker(
     settings = _settings()
     logs.setup(settings.log_level, fmt=settings.log_format)
     open_db(settings).dispose()
-    run_forever(
-        build_runtime(settings, with_completer=False, configure_network=True),
-        metrics_port=metrics_port,
-        metrics_host=metrics_host,
-    )
+    rt = build_runtime(settings, with_completer=False, configure_network=True)
+    run_forever(rt, metrics_port=metrics_port, metrics_host=metrics_host)
 
 
 @app.command()
@@ -454,24 +482,19 @@ def devnet(
 ) -> None:
     """Serve the local network in Walrus's publisher/aggregator HTTP format (local only)."""
     from walkeep.backends.localnet.devnet import serve_devnet
-    from walkeep.backends.localnet.engine import LocalNetwork
+    from walkeep.bootstrap import open_local_network
     from walkeep.clock import SystemClock
 
     _check_port(port, "--port")
     settings = _settings()
-    network = LocalNetwork(
-        settings.localnet_dir,
-        SystemClock(),
-        epoch_seconds=settings.local_epoch_seconds,
-        storage_price_frost=settings.local_storage_price_frost,
-        configure=True,
-    )
+    listener = _bind(host, port, "--port")  # a port in use fails before anything changes
+    network = open_local_network(settings, SystemClock(), owner=True)
     typer.echo(
         f"walkeep devnet: Walrus publisher+aggregator API on http://{host}:{port} "
         f"(state in {settings.localnet_dir}; LOCAL network, not Walrus)",
         err=True,
     )
-    serve_devnet(network, host=host, port=port)
+    serve_devnet(network, host=host, port=port, sock=listener)
 
 
 @app.command()
@@ -521,6 +544,31 @@ def smoke(
         f"  renewal {result.digest}\n"
         f"  {result.explorer_url}{reach[result.explorer_reachable]}"
     )
+
+
+def _bind(host: str, port: int, flag: str) -> socket.socket:
+    """Bind the listening socket before anything else happens.
+
+    Why first: a second ``walkeep serve`` (or ``devnet``) on a port in use used to
+    migrate, rewrite ``server.json`` and reconfigure the running local network before
+    uvicorn found the port taken. Binding up front makes that case one line and no
+    side effect; the server then serves on this very socket (no window for a race).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise CliError(
+                f"{host}:{port} is already in use (another `walkeep serve`?); nothing was "
+                f"changed. Stop that process or pick another {flag}"
+            ) from None
+        raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.set_inheritable(True)  # --workers: uvicorn hands it to the web processes
+    return sock
 
 
 def _check_port(port: int, flag: str) -> None:
@@ -627,7 +675,8 @@ def tidy_help(command: Any, parent: Any = None) -> None:
 
 @account_app.command("list")
 def account_list(as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False) -> None:
-    """Every account with balance, memories, paused count and least runway, worst first."""
+    """Every account with balance, memories, lapsed and paused counts and least runway,
+    worst first (lapsed or paused memories, then the least runway)."""
     from walkeep import ledger
     from walkeep.bootstrap import build_runtime
     from walkeep.service import console
@@ -643,7 +692,8 @@ def account_list(as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)
         typer.echo("no accounts yet: walkeep account create NAME")
         return
     header = (
-        f"{'ACCOUNT':<24} {'BALANCE':>12} {'MEMORIES':>8} {'PAUSED':>6} {'RUNWAY':>7}  LAST RENEWAL"
+        f"{'ACCOUNT':<24} {'BALANCE':>12} {'MEMORIES':>8} {'LAPSED':>6} {'PAUSED':>6} "
+        f"{'RUNWAY':>7}  LAST RENEWAL"
     )
     typer.echo(header)
     for r in rows:
@@ -652,7 +702,7 @@ def account_list(as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)
         name = r.name if len(r.name) <= 24 else r.name[:23] + "…"
         typer.echo(
             f"{name:<24} {'$' + ledger.mc_to_usd_str(r.available_mc):>12} {r.memories:>8} "
-            f"{r.paused:>6} {runway:>7}  {last}"
+            f"{r.lapsed:>6} {r.paused:>6} {runway:>7}  {last}"
         )
 
 
@@ -714,7 +764,11 @@ def console_link(
     token, expires = console.create_console_link(
         db, account_id, minutes=settings.console_link_minutes
     )
-    url = f"{settings.public_url.rstrip('/')}/console/link/{token}"
+    # The running server's address (WALKEEP_PUBLIC_URL if set, else what `walkeep serve`
+    # recorded in the data dir): a link to the default port may reach something else.
+    from walkeep.ops import server_public_url
+
+    url = f"{server_public_url(settings)}/console/link/{token}"
     _emit(
         {"url": url, "expires_at": expires.isoformat(), "admin": admin, "account_id": account_id},
         as_json,

@@ -8,19 +8,27 @@ Transport failures (connection refused, timeouts) are httpx's own exceptions.
 
     from walkeep.client import WalkeepClient
 
-    with WalkeepClient("https://walkeep.example.com", api_key="wk_live_…") as wk:
-        wk.store("The user prefers metric units.", request_id="pref-1")
+    with WalkeepClient("https://walkeep.example.com", api_key=key) as wk:
+        receipt = wk.store("The user prefers metric units.", request_id="pref-1")
+        wk.wait_until_stored(receipt.memory_id)  # a store lands in the background
         for hit in wk.recall("units").results:
             print(hit.score, hit.content)
+        for memory in wk.export_all():  # every page of export
+            print(memory.memory_id, memory.blob_object_id)
 
-``AsyncWalkeepClient`` has the same methods as coroutines. Only pydantic, httpx and
-the schema module are imported: no database, no model, no network engine.
+The key: ``api_key``, else ``$WALKEEP_API_KEY``, else the one ``walkeep serve`` saved
+(``<data dir>/credentials.json``). ``AsyncWalkeepClient`` has the same methods as
+coroutines (``export_all`` is an async iterator). Only pydantic, httpx and the schema
+module are imported: no database, no model, no network engine.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 import uuid
+from collections.abc import AsyncIterator, Iterator
 from decimal import Decimal
 from typing import Any, TypeVar
 
@@ -31,9 +39,11 @@ from walkeep import __version__
 from walkeep.errors import Internal, WalkeepError, from_body
 from walkeep.service.schemas import (
     BalanceResult,
+    ExportMemory,
     ExportResult,
     ForgetResult,
     RecallResult,
+    RunwayMemory,
     RunwayResult,
     StoreResult,
     TopUpResult,
@@ -52,10 +62,36 @@ def _base_url(url: str) -> str:
 
 
 def _headers(api_key: str | None) -> dict[str, str]:
-    key = api_key or os.environ.get("WALKEEP_API_KEY")
+    key = api_key or os.environ.get("WALKEEP_API_KEY") or _saved_key()
     if not key:
-        raise ValueError("no API key: pass api_key=… or set WALKEEP_API_KEY")
+        raise ValueError(
+            "no API key: pass api_key=…, set WALKEEP_API_KEY, or run `walkeep serve` once "
+            "(it saves one in <data dir>/credentials.json)"
+        )
+    if not key.isascii() or any(ch.isspace() for ch in key):
+        # httpx would fail deep inside with UnicodeEncodeError on a pasted placeholder.
+        raise ValueError(
+            "the API key is not a key (non-ASCII or spaces): replace the placeholder "
+            "with the wk_live_… key `walkeep serve` printed"
+        )
     return {"Authorization": f"Bearer {key}", "User-Agent": f"walkeep-client/{__version__}"}
+
+
+def _saved_key() -> str | None:
+    """The key ``walkeep serve`` saved on first run, as ``walkeep mcp`` finds it."""
+    from walkeep.config import load_settings
+    from walkeep.errors import ConfigurationError
+    from walkeep.onboarding import resolve_api_key
+
+    try:
+        return resolve_api_key(load_settings(), None)
+    except ConfigurationError:
+        return None
+
+
+def _still_storing(result: RunwayResult) -> RunwayMemory | None:
+    memory = result.memories[0]
+    return None if memory.status == "storing" else memory
 
 
 def _parse(response: httpx.Response, model: type[M]) -> M:
@@ -145,9 +181,37 @@ class WalkeepClient:
         body = {"memory_id": memory_id, "request_id": _rid(request_id)}
         return _parse(self._http.post("/v1/forget", json=body), ForgetResult)
 
-    def export(self, namespace: str | None = None) -> ExportResult:
-        params = _drop_none({"namespace": namespace})
+    def export(
+        self, namespace: str | None = None, cursor: str | None = None, limit: int | None = None
+    ) -> ExportResult:
+        """One page; while ``next_cursor`` is set, pass it as ``cursor`` (same namespace)."""
+        params = _drop_none({"namespace": namespace, "cursor": cursor, "limit": limit})
         return _parse(self._http.get("/v1/export", params=params), ExportResult)
+
+    def export_all(
+        self, namespace: str | None = None, limit: int | None = None
+    ) -> Iterator[ExportMemory]:
+        """Every exported memory, page after page (``limit`` per page)."""
+        cursor = None
+        while True:
+            page = self.export(namespace, cursor=cursor, limit=limit)
+            yield from page.memories
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    def wait_until_stored(
+        self, memory_id: str, timeout: float = 120.0, interval: float = 0.5
+    ) -> RunwayMemory:
+        """Poll ``check_runway`` until the store has landed (``active``) or settled
+        otherwise; ``TimeoutError`` after ``timeout`` seconds. A store returns at once
+        (``"storing"``) and lands in the background: recall finds it only afterwards."""
+        deadline = time.monotonic() + timeout
+        while (memory := _still_storing(self.check_runway(memory_id))) is None:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{memory_id} still storing after {timeout:g} s")
+            time.sleep(interval)
+        return memory
 
 
 class AsyncWalkeepClient:
@@ -214,6 +278,30 @@ class AsyncWalkeepClient:
         body = {"memory_id": memory_id, "request_id": _rid(request_id)}
         return _parse(await self._http.post("/v1/forget", json=body), ForgetResult)
 
-    async def export(self, namespace: str | None = None) -> ExportResult:
-        params = _drop_none({"namespace": namespace})
+    async def export(
+        self, namespace: str | None = None, cursor: str | None = None, limit: int | None = None
+    ) -> ExportResult:
+        params = _drop_none({"namespace": namespace, "cursor": cursor, "limit": limit})
         return _parse(await self._http.get("/v1/export", params=params), ExportResult)
+
+    async def export_all(
+        self, namespace: str | None = None, limit: int | None = None
+    ) -> AsyncIterator[ExportMemory]:
+        cursor = None
+        while True:
+            page = await self.export(namespace, cursor=cursor, limit=limit)
+            for memory in page.memories:
+                yield memory
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    async def wait_until_stored(
+        self, memory_id: str, timeout: float = 120.0, interval: float = 0.5
+    ) -> RunwayMemory:
+        deadline = time.monotonic() + timeout
+        while (memory := _still_storing(await self.check_runway(memory_id))) is None:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{memory_id} still storing after {timeout:g} s")
+            await asyncio.sleep(interval)
+        return memory

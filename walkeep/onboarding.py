@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,6 +31,21 @@ def write_credentials(path: Path, api_key: str, account_id: str, mcp_url: str) -
     os.chmod(path, 0o600)
 
 
+def walkeep_command() -> str:
+    """The absolute path of this installation's ``walkeep`` command.
+
+    Why absolute: hosts such as Claude Desktop start commands with a minimal ``PATH``,
+    so a bare ``walkeep`` in the pasted config is not found. The script beside this
+    interpreter is the one installed with this package (a virtualenv's ``bin``); else
+    whatever ``PATH`` finds; else the bare name.
+    """
+    beside = Path(sys.executable).parent / "walkeep"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which("walkeep")
+    return str(Path(found).resolve()) if found else "walkeep"
+
+
 def client_configs(mcp_url: str, api_key: str) -> str:
     http_json = json.dumps(
         {
@@ -42,7 +59,7 @@ def client_configs(mcp_url: str, api_key: str) -> str:
         {
             "mcpServers": {
                 "walkeep": {
-                    "command": "walkeep",
+                    "command": walkeep_command(),
                     "args": ["mcp"],
                     "env": {"WALKEEP_API_KEY": api_key},
                 }

@@ -119,11 +119,14 @@ def doctor(settings: Settings) -> DoctorReport:
             # doctor reads the network as the running server set it; it never reconfigures it.
             seconds = rt.chain.epoch_info().duration_seconds
             detail += f", epoch length {seconds} s"
-            if seconds != settings.local_epoch_seconds:
+            explicit = "local_epoch_seconds" in settings.model_fields_set
+            if explicit and seconds != settings.local_epoch_seconds:
                 detail += (
                     f" (set by the server; WALKEEP_LOCAL_EPOCH_SECONDS={settings.local_epoch_seconds}"
                     " here takes effect only when `walkeep serve`/`worker` start with it)"
                 )
+            elif not explicit:
+                detail += " (WALKEEP_LOCAL_EPOCH_SECONDS not set here)"
         return detail
 
     report.add(

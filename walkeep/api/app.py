@@ -131,7 +131,7 @@ def create_app(
         description="Durable, prepaid, auto-renewed memory for AI agents on Walrus. "
         "The MCP endpoint is /mcp; this REST mirror calls the same service functions.",
         lifespan=lifespan,
-        docs_url=None,  # served below from the swagger-ui-bundle package: works offline
+        docs_url=None,  # served below from packaged files (_install_docs): works offline
         redoc_url=None,
     )
     app.state.runtime = rt
@@ -197,12 +197,16 @@ class WalkeepApp(FastAPI):
 
 
 def _install_docs(app: FastAPI) -> None:
-    """Swagger UI from the swagger-ui-bundle package instead of a CDN."""
-    import swagger_ui_bundle
+    """Swagger UI 5 from the fastapi-offline package's files instead of a CDN.
+
+    Why that package: FastAPI publishes OpenAPI 3.1, which Swagger UI reads from 5.0 on;
+    swagger-ui-bundle (the previous source) ships 4.15, which rendered only "Unable to
+    render this definition". tests/test_docs_browser.py opens the page in Chromium."""
+    from importlib.resources import files
 
     app.mount(
         "/docs/assets",
-        StaticFiles(directory=swagger_ui_bundle.swagger_ui_path),
+        StaticFiles(directory=str(files("fastapi_offline") / "static")),
         name="swagger-ui-assets",
     )
 
@@ -213,7 +217,7 @@ def _install_docs(app: FastAPI) -> None:
             title=f"{app.title} — API",
             swagger_js_url="/docs/assets/swagger-ui-bundle.js",
             swagger_css_url="/docs/assets/swagger-ui.css",
-            swagger_favicon_url="/docs/assets/favicon-32x32.png",
+            swagger_favicon_url="/docs/assets/favicon.png",
         )
 
 

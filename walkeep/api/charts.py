@@ -30,6 +30,9 @@ class Series:
     css_class: str
     label: str
     dashed: bool = False
+    # A balance changes at instants (a top-up, a capture), not gradually: drawn as steps,
+    # a top-up is a vertical jump, not a slope from the previous entry.
+    step: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +61,16 @@ def path_d(points: Sequence[tuple[float, float]], sx: Scale, sy: Scale) -> str:
     return " ".join(
         f"{'M' if i == 0 else 'L'}{_fmt(sx(x))} {_fmt(sy(y))}" for i, (x, y) in enumerate(points)
     )
+
+
+def steps(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Points of a step line: each value holds until the next point's x."""
+    out: list[tuple[float, float]] = []
+    for x, y in points:
+        if out and out[-1][1] != y:
+            out.append((x, out[-1][1]))
+        out.append((x, y))
+    return out
 
 
 def nice_max(v: float) -> float:
@@ -120,8 +133,9 @@ def line_chart(
         if not s.points:
             continue
         dash = ' stroke-dasharray="6 4"' if s.dashed else ""
+        drawn = steps(s.points) if s.step else s.points
         parts.append(
-            f'<path class="{escape(s.css_class)}" d="{path_d(s.points, sx, sy)}" fill="none"'
+            f'<path class="{escape(s.css_class)}" d="{path_d(drawn, sx, sy)}" fill="none"'
             f"{dash}><title>{escape(s.label)}</title></path>"
         )
         if len(s.points) == 1:
@@ -143,10 +157,12 @@ def bar_chart(
     integer: bool = False,
     width: int = WIDTH,
     height: int = HEIGHT,
+    empty_text: str | None = None,
 ) -> str:
     """Vertical bars, one per (label, value). Every ``label_every``-th label is drawn,
     counted from the last bar (the most recent day is always labelled). ``integer``
-    draws only whole-number grid lines (counts)."""
+    draws only whole-number grid lines (counts). ``empty_text`` is written across the
+    chart when every value is zero (an empty axis alone reads as broken)."""
     if not bars:
         return _empty(title, width, height)
     y_hi = nice_max(max(v for _, v in bars))
@@ -169,6 +185,12 @@ def bar_chart(
                 f'<text class="tick" x="{_fmt(px)}" y="{height - 8}" '
                 f'text-anchor="{_anchor(px, width)}">{escape(label)}</text>'
             )
+    if empty_text and not any(v for _, v in bars):
+        parts.append(
+            f'<text class="empty" x="{(PAD_LEFT + width - PAD_RIGHT) / 2:.0f}" '
+            f'y="{(height - PAD_BOTTOM + PAD_TOP) / 2:.0f}" text-anchor="middle">'
+            f"{escape(empty_text)}</text>"
+        )
     parts.append("</svg>")
     return "".join(parts)
 

@@ -22,6 +22,7 @@ import hashlib
 import hmac
 import logging
 import os
+import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 from jinja2 import Environment, PackageLoader, select_autoescape
+from markupsafe import Markup, escape
 from starlette.concurrency import run_in_threadpool
 
 from walkeep import __version__, ledger
@@ -44,6 +46,7 @@ from walkeep.errors import Internal, Unauthorized, WalkeepError
 from walkeep.service import accounts, alerts, statements, topup, verify
 from walkeep.service import console as svc
 from walkeep.service.runtime import Runtime
+from walkeep.service.views import short_duration
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +103,27 @@ def size(n: int) -> str:
     return f"{n} B"
 
 
-_env.filters.update(credits=credits, usd=ledger.mc_to_usd_str, when=when, short=short, size=size)
+_CODE_SPAN = re.compile(r"`([^`\n]+)`")
+
+
+def prose(text: str | None) -> Markup:
+    """A message for people: escaped, with `backticked` commands shown as code.
+
+    Messages are shared with the CLI and tools, where backticks mark commands; in HTML
+    they showed as literal backticks."""
+    escaped = str(escape(text or ""))
+    return Markup(_CODE_SPAN.sub(r"<code>\1</code>", escaped))
+
+
+_env.filters.update(
+    prose=prose,
+    credits=credits,
+    usd=ledger.mc_to_usd_str,
+    when=when,
+    short=short,
+    size=size,
+    duration=short_duration,
+)
 
 
 # --- sessions ---------------------------------------------------------------------------------
@@ -475,7 +498,7 @@ def balance_chart(view: svc.AccountView, *, width: int, height: int) -> str:
         markers.append((x_of(view.funded_until.timestamp()), "renewals stop"))
     return charts.line_chart(
         [
-            charts.Series(hist, "line-history", "balance (credits)"),
+            charts.Series(hist, "line-history", "balance (credits)", step=True),
             charts.Series(proj, "line-projection", "projected at current usage", dashed=True),
         ],
         title="Balance and projected runway",
@@ -687,6 +710,7 @@ async def admin_page(request: Request) -> Response:
         integer=True,
         width=420,
         height=200,
+        empty_text=f"No renewals in the last {svc.ADMIN_DAYS} days",
     )
     wal_chart = charts.bar_chart(
         [(d.day[5:], d.wal_frost / 1e9) for d in view.days],
@@ -695,6 +719,7 @@ async def admin_page(request: Request) -> Response:
         y_format=lambda v: f"{v:.3g}",
         width=420,
         height=200,
+        empty_text=f"No WAL spent in the last {svc.ADMIN_DAYS} days",
     )
     return _render(
         rt,

@@ -142,6 +142,10 @@ _SIGN_IN_TO_PAY = (
 )
 
 
+# A paid page is a dead end without it (the operator came from the console).
+_BACK_TO_CONSOLE = '<p><a href="/console">← Back to the console</a></p>'
+
+
 @router.get("/checkout/{checkout_id}", response_class=HTMLResponse, include_in_schema=False)
 async def checkout_page(checkout_id: str, request: Request) -> HTMLResponse:
     rt = _runtime(request)
@@ -153,8 +157,10 @@ async def checkout_page(checkout_id: str, request: Request) -> HTMLResponse:
     if st.status == "complete":
         body = (
             _summary(st)
-            + '<div class="box"><p class="ok">Already paid — the credits were added.</p></div>'
+            + '<div class="box"><p class="ok">The credits were added.</p></div>'
+            + _BACK_TO_CONSOLE
         )
+        return _page("Already paid", body, test_mode=True)
     elif st.status in ("expired", "failed") or rt.clock.now() >= st.expires_at:
         body = _summary(st) + (
             '<div class="box"><p class="err">This checkout link has expired.</p>'
@@ -208,9 +214,10 @@ async def checkout_pay(checkout_id: str, request: Request) -> HTMLResponse:
     body = (
         _summary(st)
         + f'<div class="box">{message}'
-        + "<p>Paused memories resume automatically. You can close this page.</p></div>"
+        + "<p>Paused memories resume automatically.</p></div>"
+        + _BACK_TO_CONSOLE
     )
-    return _page("Credits added", body, test_mode=True)
+    return _page("Credits added" if credited else "Already paid", body, test_mode=True)
 
 
 @router.get("/topup/done", response_class=HTMLResponse, include_in_schema=False)

@@ -220,7 +220,8 @@ async def export_route(
     limit: Annotated[int | None, Query(ge=1, le=export.PAGE_MAX)] = None,
 ) -> ExportResult:
     """Without ``namespace``: the key's default namespace, else every namespace. While
-    ``next_cursor`` is set, call again with ``cursor=<next_cursor>`` for the next page."""
+    ``next_cursor`` is set, call again with ``cursor=<next_cursor>`` for the next page.
+    Like recall, forgotten and lapsed memories are omitted (check_runway lists them)."""
     return await call(  # type: ignore[no-any-return]
         rt,
         who,

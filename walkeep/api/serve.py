@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import gc
 import logging
+import socket
 import sys
 import threading
 import time
@@ -110,8 +111,17 @@ class InProcessWorker:
             self._lock = None
 
 
-def serve_one(rt: Runtime, *, host: str, port: int, banner: str, scheduler: bool) -> None:
-    """One process: the app, its completer and (unless ``scheduler=False``) the jobs."""
+def serve_one(
+    rt: Runtime,
+    *,
+    host: str,
+    port: int,
+    banner: str,
+    scheduler: bool,
+    sock: socket.socket | None = None,
+) -> None:
+    """One process: the app, its completer and (unless ``scheduler=False``) the jobs.
+    ``sock``: the listening socket, bound by the caller before start-up changed anything."""
     worker = InProcessWorker(rt, enabled=scheduler)
     application = create_app(
         rt, on_start=worker.start if worker.scheduler else None, on_stop=worker.stop
@@ -126,7 +136,9 @@ def serve_one(rt: Runtime, *, host: str, port: int, banner: str, scheduler: bool
                 freeze_start_up_heap()
                 print(banner, file=sys.stderr, flush=True)
 
-    Server(uvicorn.Config(application, host=host, port=port, log_level="warning")).run()
+    Server(uvicorn.Config(application, host=host, port=port, log_level="warning")).run(
+        sockets=[sock] if sock is not None else None
+    )
 
 
 def web_app(settings: Settings) -> FastAPI:
@@ -187,7 +199,14 @@ class Supervisor(Multiprocess):
 
 
 def serve_many(
-    rt: Runtime, *, host: str, port: int, workers: int, banner: str, scheduler: bool
+    rt: Runtime,
+    *,
+    host: str,
+    port: int,
+    workers: int,
+    banner: str,
+    scheduler: bool,
+    sock: socket.socket | None = None,
 ) -> bool:
     """Supervise ``workers`` web processes on one port; the jobs run here, once.
 
@@ -209,7 +228,8 @@ def serve_many(
         workers=workers,
         log_level="warning",
     )
-    sock = config.bind_socket()
+    if sock is None:
+        sock = config.bind_socket()
     supervisor = Supervisor(config, [sock], banner)  # installs its signal handlers
     worker = InProcessWorker(rt, enabled=scheduler)
     worker.start()

@@ -27,9 +27,11 @@ from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.schedulers.blocking import BlockingScheduler
 
 from walkeep import metrics
+from walkeep.config import Settings
 from walkeep.errors import ConfigurationError
 from walkeep.service import completion, console, reconcile, reindex, renew, sweep
 from walkeep.service.runtime import Runtime
+from walkeep.service.views import short_duration
 
 log = logging.getLogger("walkeep.worker")
 
@@ -60,6 +62,67 @@ JOBS: dict[str, tuple[Callable[[Runtime], Any], str]] = {
     "deliver_alerts": (_deliver_alerts, "deliver_alerts_interval_seconds"),
     "reindex": (reindex.backfill, "reindex_interval_seconds"),
 }
+
+
+# Jobs whose work is measured in epochs, and how often per epoch each must run at least.
+# A blob sits at the renewal threshold (runway == WALKEEP_RENEW_THRESHOLD_EPOCHS) for one
+# epoch: a pass twice per epoch sees it there, so renewal is early, not at runway 1 (30-s
+# epochs with the 60-s default renewed and paused at runway 1). A crashed renewal's
+# intent leases its blobs until reconcile settles it, so reconcile keeps the same pace;
+# the sweep reports lapses (memories.expired) within the epoch they happen.
+PER_EPOCH: dict[str, int] = {"renew": 2, "reconcile_renewals": 2, "sweep": 1}
+
+
+def job_intervals(settings: Settings, epoch_seconds: int | None) -> dict[str, float]:
+    """Each job's interval in seconds: its setting, capped by the epoch length.
+
+    A default longer than an epoch allows is shortened (derived from the epoch); an
+    interval the operator set explicitly is refused instead (ConfigurationError naming
+    the variable): a worker that cannot renew early must not start as if it could.
+    ``epoch_seconds`` None (chain unreachable at start): the settings as they are.
+    """
+    out: dict[str, float] = {}
+    for name, (_fn, setting) in JOBS.items():
+        configured = float(getattr(settings, setting))
+        per_epoch = PER_EPOCH.get(name)
+        if per_epoch is None or epoch_seconds is None or configured <= epoch_seconds / per_epoch:
+            out[name] = configured
+            continue
+        bound = epoch_seconds / per_epoch
+        if setting in settings.model_fields_set:
+            raise ConfigurationError(
+                f"WALKEEP_{setting.upper()}={configured:g} cannot keep up with "
+                f"{short_duration(epoch_seconds)} epochs: {name} must run at least "
+                f"{per_epoch}× per epoch (every {bound:g} s or less) to renew at the "
+                "threshold rather than at the last moment; lower it, or unset it to "
+                "derive it from the epoch length"
+            )
+        out[name] = bound
+    return out
+
+
+def epoch_seconds_of(rt: Runtime) -> int | None:
+    """The chain's epoch length, or None if the chain does not answer now (logged)."""
+    try:
+        return int(rt.chain.epoch_info().duration_seconds)
+    except Exception as exc:
+        log.warning("epoch length unknown (%s); job intervals as configured", exc)
+        return None
+
+
+def schedule_note(rt: Runtime, intervals: dict[str, float] | None = None) -> str:
+    """One line for the start banner and the worker's log: how often renewal looks."""
+    epoch = epoch_seconds_of(rt)
+    intervals = intervals or job_intervals(rt.settings, epoch)
+    every = short_duration(intervals["renew"])
+    if epoch is None:
+        return f"renewal pass every {every}"
+    derived = intervals["renew"] < float(rt.settings.renew_interval_seconds)
+    return (
+        f"renewal pass every {every}{' (derived from the epoch)' if derived else ''}; "
+        f"epochs last {short_duration(epoch)}; blobs renew at "
+        f"{rt.settings.renew_threshold_epochs} epochs of runway"
+    )
 
 
 def run_job(rt: Runtime, name: str) -> Any:
@@ -167,11 +230,12 @@ def build_scheduler(rt: Runtime, *, blocking: bool) -> BaseScheduler:
         if blocking
         else BackgroundScheduler(job_defaults=defaults, timezone="UTC", daemon=True)
     )
-    for name, (_fn, interval) in JOBS.items():
+    intervals = job_intervals(rt.settings, epoch_seconds_of(rt))
+    for name in JOBS:
         sched.add_job(
             _safe(rt, name),
             "interval",
-            seconds=float(getattr(rt.settings, interval)),
+            seconds=intervals[name],
             id=name,
             name=name,
             next_run_time=datetime.now().astimezone(),

@@ -11,7 +11,7 @@ import signal
 import threading
 from types import FrameType
 
-from walkeep.scheduler.jobs import acquire_worker_lock, build_scheduler, log
+from walkeep.scheduler.jobs import acquire_worker_lock, build_scheduler, log, schedule_note
 from walkeep.service.runtime import Runtime
 
 
@@ -34,7 +34,10 @@ def run_forever(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    log.info("worker started", extra={"jobs": [j.id for j in sched.get_jobs()]})
+    log.info(
+        "worker started",
+        extra={"jobs": [j.id for j in sched.get_jobs()], "schedule": schedule_note(rt)},
+    )
     try:
         sched.start()
     finally:

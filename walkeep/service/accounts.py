@@ -150,8 +150,16 @@ def authenticate(db: Database, api_key: str) -> Principal:
 
 
 def grant(
-    db: Database, account_id: str, amount_mc: int, *, reason: str, ref: str | None = None
+    db: Database,
+    account_id: str,
+    amount_mc: int,
+    *,
+    reason: str,
+    ref: str | None = None,
+    current_epoch: int | None = None,
 ) -> ledger.Entry:
+    """Credit an account; its paused memories resume at once when ``current_epoch`` is
+    given (only those still within their paid runway), else on the next renewal pass."""
     if amount_mc <= 0:
         raise ValidationError("grant amount must be positive", {"field": "usd"})
     if not reason.strip():
@@ -167,7 +175,7 @@ def grant(
             kind=Kind.GRANT,
             memo=reason.strip()[:500],
         )
-        resume_paused(s, account_id)
+        resume_paused(s, account_id, current_epoch)
     return entry
 
 

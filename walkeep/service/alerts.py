@@ -2,8 +2,9 @@
 
 Events (``EVENT_TYPES``): ``balance.low`` (funded runway fell below the
 account's threshold), ``memories.paused``, ``memories.resumed``,
-``topup.credited``, ``renewal.failed``, and ``alert.test`` (``walkeep alerts
-test``).
+``memories.expired`` (paid-for memories lapsed: their runway ran out while
+paused), ``topup.credited``, ``renewal.failed``, and ``alert.test`` (``walkeep
+alerts test``).
 
 Design: an **outbox**. :func:`emit` inserts the event in the caller's
 database transaction — the same one that pauses memories, resumes them,
@@ -53,6 +54,7 @@ EVENT_TYPES = (
     "balance.low",
     "memories.paused",
     "memories.resumed",
+    "memories.expired",
     "topup.credited",
     "renewal.failed",
     "alert.test",

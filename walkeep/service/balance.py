@@ -74,17 +74,38 @@ def check_balance(rt: Runtime, account_id: str) -> BalanceResult:
             )
             or 0
         )
+        # Any memory that is no longer kept (lapsed or forgotten): "no stored memories"
+        # beside "expired 5" read as if nothing had ever been stored.
+        had_memories = (
+            s.scalar(
+                select(Memory.id)
+                .where(
+                    Memory.account_id == account_id,
+                    Memory.status.in_(
+                        [
+                            MemoryStatus.ACTIVE,
+                            MemoryStatus.PAUSED,
+                            MemoryStatus.NO_RENEW,
+                            MemoryStatus.EXPIRED,
+                        ]
+                    ),
+                )
+                .limit(1)
+            )
+            is not None
+        )
     available = bal.available_mc
     per_memory = typical_memory_mc(rt)
     est_memories = available // per_memory if per_memory > 0 else 0
     burn, min_runway = renewal_burn_mc_per_epoch(rt, account_id)
     epoch_seconds = rt.chain.epoch_info().duration_seconds
     if burn == 0:
-        funded = (
-            "nothing to renew yet: no stored memories"
-            if not in_flight
-            else "nothing to renew yet: your first memories are still being written"
-        )
+        if in_flight:
+            funded = "nothing to renew yet: your first memories are still being written"
+        elif had_memories:
+            funded = "nothing to renew: no memory is kept any more (each lapsed or was forgotten)"
+        else:
+            funded = "nothing to renew yet: no stored memories"
     else:
         epochs = available // burn + (min_runway or 0)
         funded = (

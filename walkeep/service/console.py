@@ -68,6 +68,8 @@ class AccountSummary:
     last_renewal_at: datetime | None
     last_renewal_tx: str | None
     disabled: bool
+    # Expired memories that were paid for (not forgotten): their runway ran out.
+    lapsed: int = 0
 
     @property
     def available_mc(self) -> int:
@@ -76,6 +78,11 @@ class AccountSummary:
     @property
     def paused(self) -> int:
         return self.by_status.get(MemoryStatus.PAUSED, 0)
+
+    @property
+    def needs_action(self) -> bool:
+        """Lapsed or paused memories: an operator must top up (and maybe re-store)."""
+        return bool(self.lapsed or self.paused)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -89,6 +96,7 @@ class AccountSummary:
             "paused": self.paused,
             "no_renew": self.by_status.get(MemoryStatus.NO_RENEW, 0),
             "expired": self.by_status.get(MemoryStatus.EXPIRED, 0),
+            "lapsed": self.lapsed,
             "storing": self.by_status.get(MemoryStatus.STORING, 0),
             "min_runway_epochs": self.min_runway_epochs,
             "last_renewal_at": self.last_renewal_at.isoformat() if self.last_renewal_at else None,
@@ -98,9 +106,11 @@ class AccountSummary:
 
 
 def worst_first_key(a: AccountSummary) -> tuple[int, int, int, str]:
-    """Paused memories first, then the least runway, then the smallest balance."""
+    """What an operator must act on first: accounts with lapsed or paused memories, then
+    the least runway, then the smallest balance. (An account whose memories had all
+    lapsed has no runway left to compare, and used to sort below a healthy one.)"""
     runway = a.min_runway_epochs if a.min_runway_epochs is not None else 1 << 30
-    return (0 if a.paused else 1, runway, a.available_mc, a.name)
+    return (0 if a.needs_action else 1, runway, a.available_mc, a.name)
 
 
 def account_summaries(rt: Runtime, account_id: str | None = None) -> list[AccountSummary]:
@@ -122,11 +132,12 @@ def account_summaries(rt: Runtime, account_id: str | None = None) -> list[Accoun
         lapsed = (Blob.end_epoch <= current) & Memory.status.in_(
             [MemoryStatus.ACTIVE, MemoryStatus.PAUSED, MemoryStatus.NO_RENEW]
         )
+        forgotten = Memory.forgotten_at.is_not(None)
         counts_q = (
-            select(Memory.account_id, Memory.status, lapsed, func.count())
+            select(Memory.account_id, Memory.status, lapsed, forgotten, func.count())
             .outerjoin(Blob, Blob.id == Memory.blob_pk)
             .where(Memory.status.in_(list(LISTED)))
-            .group_by(Memory.account_id, Memory.status, lapsed)
+            .group_by(Memory.account_id, Memory.status, lapsed, forgotten)
         )
         runway_q = (
             select(Memory.account_id, func.min(Blob.end_epoch))
@@ -148,9 +159,12 @@ def account_summaries(rt: Runtime, account_id: str | None = None) -> list[Accoun
             runway_q = runway_q.where(Memory.account_id.in_(scope))
             renewal_q = renewal_q.where(RenewalItem.account_id.in_(scope))
         by_status: dict[str, dict[str, int]] = defaultdict(dict)
-        for acct, status, is_lapsed, n in s.execute(counts_q):
+        lapsed_paid: dict[str, int] = defaultdict(int)
+        for acct, status, is_lapsed, was_forgotten, n in s.execute(counts_q):
             st = MemoryStatus.EXPIRED if is_lapsed else status
             by_status[acct][st] = by_status[acct].get(st, 0) + int(n)
+            if st == MemoryStatus.EXPIRED and not was_forgotten:
+                lapsed_paid[acct] += int(n)
         min_end = {acct: int(end) for acct, end in s.execute(runway_q) if end is not None}
         last_ids = {acct: rid for acct, rid in s.execute(renewal_q)}
         renewal_info: dict[int, tuple[datetime | None, str]] = {}
@@ -179,6 +193,7 @@ def account_summaries(rt: Runtime, account_id: str | None = None) -> list[Accoun
                 last_renewal_at=last[0] if last else None,
                 last_renewal_tx=last[1] if last else None,
                 disabled=disabled is not None,
+                lapsed=lapsed_paid.get(acct, 0),
             )
         )
     out.sort(key=worst_first_key)

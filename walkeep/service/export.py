@@ -1,6 +1,9 @@
 """``export``: take your memories with you — on-chain identifiers, content where the
 backend can list it, and the address that owns the blobs.
 
+Lapsed memories (paid runway ran out) and forgotten ones are omitted, as recall omits
+them; ``check_runway`` still lists them (``expired``, ``no-renew``).
+
 With a backend that has no bulk-content list (MemWal) the export falls back to
 Walkeep's registry: every identifier is still there and ``content_included``
 is false. It never fails with NOT_SUPPORTED.
@@ -114,10 +117,18 @@ def export(
             f"limit must be an integer from 1 to {PAGE_MAX}",
             {"field": "limit", "minimum": 1, "maximum": PAGE_MAX},
         )
+    # As recall: stored, not forgotten, not lapsed. A memory whose blob is past its
+    # end epoch is gone from Walrus even before the sweep marks it expired; listing it
+    # would hand a migration identifiers that resolve to nothing.
+    current = rt.chain.current_epoch()
     q = (
         select(Memory, Blob)
         .join(Blob, Blob.id == Memory.blob_pk)
-        .where(Memory.account_id == account_id, Memory.status.in_(list(VISIBLE)))
+        .where(
+            Memory.account_id == account_id,
+            Memory.status.in_(list(VISIBLE)),
+            Blob.end_epoch > current,
+        )
         .order_by(Memory.stored_at, Memory.id)
         .limit(page_size + 1)
     )

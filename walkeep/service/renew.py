@@ -116,18 +116,43 @@ def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def resume_paused(session: Session, account_id: str) -> int:
+def current_epoch_or_none(rt: Runtime) -> int | None:
+    """The chain's current epoch, or None when it does not answer (a credit must never
+    fail because the chain is unreachable: the renewal pass resumes memories later)."""
+    try:
+        return rt.chain.current_epoch()
+    except Exception as exc:  # best effort by design: the credit itself must go through
+        log.warning("current epoch unknown (%r): paused memories resume on the next pass", exc)
+        return None
+
+
+def resume_paused(session: Session, account_id: str, current_epoch: int | None) -> int:
     """After credits arrive, paused memories become active again (no one has to act).
+
+    Only memories whose paid runway has not run out: a blob past its end epoch is gone
+    on chain and nothing resumes it (the sweep marks its memories expired and sends
+    ``memories.expired``). Counting those as resumed told an operator that lapsed
+    memories were safe. With ``current_epoch`` None (chain unreachable) nothing is
+    resumed here; the renewal pass does it once the chain answers.
 
     The next renewal pass renews those that are due; if the money still does
     not stretch that far they are paused again. Returns how many resumed.
     """
-    if ledger.balance(session, account_id).available_mc <= 0:
+    if current_epoch is None or ledger.balance(session, account_id).available_mc <= 0:
         return 0
     now = session.info["clock"].now()
+    alive = select(Blob.id).where(
+        Blob.account_id == account_id,
+        Blob.status == BlobStatus.LIVE,
+        Blob.end_epoch > current_epoch,
+    )
     res = session.execute(
         update(Memory)
-        .where(Memory.account_id == account_id, Memory.status == MemoryStatus.PAUSED)
+        .where(
+            Memory.account_id == account_id,
+            Memory.status == MemoryStatus.PAUSED,
+            Memory.blob_pk.in_(alive),
+        )
         .values(status=MemoryStatus.ACTIVE, status_changed_at=now)
     )
     resumed = rowcount(res)
@@ -278,20 +303,24 @@ def resume_eligible(rt: Runtime) -> int:
             )
         )
     total = 0
+    current = rt.chain.current_epoch()
     for account_id in accounts:
         with rt.db.begin() as s:
             paused = list(
                 s.execute(
                     select(Blob.id, Blob.kind, Blob.storage_size, Blob.end_epoch)
                     .join(Memory, Memory.blob_pk == Blob.id)
-                    .where(Memory.account_id == account_id, Memory.status == MemoryStatus.PAUSED)
+                    .where(
+                        Memory.account_id == account_id,
+                        Memory.status == MemoryStatus.PAUSED,
+                        Blob.end_epoch > current,  # a lapsed blob cannot resume
+                    )
                     .distinct()
                     .limit(100)
                 )
             )
             if not paused:
                 continue
-            current = rt.chain.current_epoch()
             shares = quilt_shares(
                 s, [b.id for b in paused if b.kind == "quilt"], (MemoryStatus.PAUSED,)
             )
@@ -310,7 +339,7 @@ def resume_eligible(rt: Runtime) -> int:
                 for b in paused
             )
             if ledger.balance(s, account_id).available_mc >= max(need, 1):
-                total += resume_paused(s, account_id)
+                total += resume_paused(s, account_id, current)
     return total
 
 
@@ -764,6 +793,7 @@ __all__ = [
     "CrashForTest",
     "InsufficientBalance",
     "RenewReport",
+    "current_epoch_or_none",
     "renew",
     "resume_paused",
 ]

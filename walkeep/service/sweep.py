@@ -16,13 +16,14 @@ import logging
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session
 
 from walkeep import ledger, lifecycle, metrics, usage
 from walkeep.db import rowcount
 from walkeep.db.models import Blob, LedgerEntry, Memory, Renewal
 from walkeep.lifecycle import BlobStatus, MemoryStatus
+from walkeep.service import alerts
 from walkeep.service.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,8 @@ log = logging.getLogger(__name__)
 class SweepReport:
     orphans: int = 0
     expired_memories: int = 0
+    # Of those, memories that were paid for (active or paused, not forgotten).
+    lapsed_paid_memories: int = 0
     expired_blobs: int = 0
     stale_holds_released: int = 0
     stale_hold_refs: list[str] = field(default_factory=list)
@@ -49,6 +52,27 @@ def sweep(rt: Runtime) -> SweepReport:
         lapsed = select(Blob.id).where(Blob.end_epoch <= current, Blob.status != BlobStatus.EXPIRED)
         lapsed_ids = list(s.scalars(lapsed))
         if lapsed_ids:
+            # Paid-for memories (not forgotten) that lapse: say so, per account, in the
+            # transaction that marks them (nothing lapses silently).
+            paid = (
+                Memory.blob_pk.in_(lapsed_ids),
+                Memory.status.in_([MemoryStatus.ACTIVE, MemoryStatus.PAUSED]),
+            )
+            lost = s.execute(
+                select(Memory.account_id, func.count())
+                .where(*paid)
+                .group_by(Memory.account_id)
+                .order_by(Memory.account_id)
+            ).all()
+            for acct, n in lost:
+                shown = s.scalars(
+                    select(Memory.id)
+                    .where(*paid, Memory.account_id == acct)
+                    .order_by(Memory.id)
+                    .limit(EXPIRED_IDS_SHOWN)
+                ).all()
+                alerts.emit(s, acct, "memories.expired", _expired_alert(int(n), list(shown)))
+            report.lapsed_paid_memories = sum(int(n) for _acct, n in lost)
             kept = [MemoryStatus.ACTIVE, MemoryStatus.PAUSED, MemoryStatus.NO_RENEW]
             freed = usage.kept_bytes(s, [Memory.blob_pk.in_(lapsed_ids), Memory.status.in_(kept)])
             res = s.execute(
@@ -115,6 +139,20 @@ def sweep(rt: Runtime) -> SweepReport:
             "released %d stale holds: %s", report.stale_holds_released, report.stale_hold_refs
         )
     return report
+
+
+# Memory ids listed in one memories.expired event (the count is always exact).
+EXPIRED_IDS_SHOWN = 100
+
+
+def _expired_alert(count: int, memory_ids: list[str]) -> dict[str, object]:
+    return {
+        "expired_memories": count,
+        "memory_ids": memory_ids,
+        "reason": "their paid storage ran out before a renewal could be paid",
+        "note": "they are gone from Walrus and no longer appear in recall or export; "
+        "check_runway lists them as expired. Store them again to keep them",
+    }
 
 
 def _hold_in_flight(s: Session, ref: str) -> bool:

@@ -54,7 +54,7 @@ from walkeep.ledger import MC_PER_CREDIT, Kind
 from walkeep.payments.base import CheckoutRequest, PaymentEvent, ProviderSession
 from walkeep.payments.local import LocalPayments, local_session_id
 from walkeep.service import alerts
-from walkeep.service.renew import resume_paused
+from walkeep.service.renew import current_epoch_or_none, resume_paused
 from walkeep.service.runtime import Runtime
 from walkeep.service.schemas import TopUpResult
 
@@ -372,7 +372,7 @@ def _record_created(
                 row.status = "open"
                 row.payment_status = ps.payment_status
                 row.updated_at = rt.clock.now()
-            _apply_provider_state(s, row, ps, source="top_up create")
+            _apply_provider_state(s, row, ps, source="top_up create", rt=rt)
         return row
 
 
@@ -426,7 +426,9 @@ def _session_matches(row: CheckoutSession, ps: ProviderSession) -> bool:
     return row.provider_session_id == ps.session_id
 
 
-def credit_checkout(s: Session, row: CheckoutSession, ps: ProviderSession, *, source: str) -> bool:
+def credit_checkout(
+    s: Session, row: CheckoutSession, ps: ProviderSession, *, source: str, rt: Runtime
+) -> bool:
     """Credit ``row``'s account once, if the provider says ``ps`` is paid.
 
     ``row`` must have been read with ``_lock_row`` in ``s`` (the caller's
@@ -461,7 +463,7 @@ def credit_checkout(s: Session, row: CheckoutSession, ps: ProviderSession, *, so
     row.payment_status = "paid"
     row.credited_entry_id = entry.id
     row.updated_at = s.info["clock"].now()
-    resume_paused(s, row.account_id)
+    resume_paused(s, row.account_id, current_epoch_or_none(rt))
     # --- alert (same transaction as the credit) ---
     if not entry.replayed:
         alerts.emit(
@@ -486,6 +488,7 @@ def _apply_provider_state(
     ps: ProviderSession,
     *,
     source: str,
+    rt: Runtime,
     failed_signal: bool = False,
 ) -> tuple[Action, bool]:
     """Bring ``row`` (locked) in line with the provider's current view ``ps``."""
@@ -493,7 +496,7 @@ def _apply_provider_state(
         log.info("top-up %s: ignoring superseded session %s (%s)", row.id, ps.session_id, source)
         return "superseded", False
     if ps.payment_status == "paid":
-        if credit_checkout(s, row, ps, source=source):
+        if credit_checkout(s, row, ps, source=source, rt=rt):
             return "credited", True
         return (
             ("already_credited", False) if row.status == "complete" else ("amount_mismatch", False)
@@ -520,7 +523,7 @@ def _apply_in_txn(
     with rt.db.begin() as s:
         row = _locked(s, checkout_id)
         action, credited = _apply_provider_state(
-            s, row, ps, source=source, failed_signal=failed_signal
+            s, row, ps, source=source, rt=rt, failed_signal=failed_signal
         )
         return row, action, credited
 
@@ -570,6 +573,7 @@ def handle_stripe_webhook(rt: Runtime, body: bytes, signature: str | None) -> We
             row,
             ps,
             source=f"webhook {event.event_id} {event.type}",
+            rt=rt,
             failed_signal=event.type == EVENT_ASYNC_FAILED,
         )
         return _outcome(event, action, credited=credited, checkout_id=row.id)
@@ -700,7 +704,7 @@ def pay_local(rt: Runtime, checkout_id: str, pay_token: str | None) -> bool:
         row.payment_status = "paid"  # the local provider records the payment…
         ps = payments.session_from_row(row, now)
         # …and crediting goes through the one shared path.
-        _action, credited = _apply_provider_state(s, row, ps, source="local pay button")
+        _action, credited = _apply_provider_state(s, row, ps, source="local pay button", rt=rt)
         return credited
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from walkeep.backends.b58 import b58decode
 from walkeep.backends.base import ChainError
 from walkeep.backends.sui.codec import tx_digest
 from walkeep.backends.sui.ptb import DecodedExtend, decode_extend_tx
@@ -97,14 +98,40 @@ def _items(rt: Runtime, renewal_id: int) -> list[_Item]:
 def verify_digest(rt: Runtime, digest: str) -> VerifyReport:
     """Every fact about one renewal transaction (see the module docstring)."""
     digest = (digest or "").strip()
-    if not digest or len(digest) > 100:
-        raise ValidationError("give a transaction digest (base58, ~44 characters)", {})
+    if not is_digest(digest):
+        # "hello" used to get a FAIL line as if it were a digest Walkeep had lost.
+        raise ValidationError(
+            f"{digest[:60]!r} is not a transaction digest: a digest is base58 of 32 bytes "
+            "(43-44 characters, as check_runway's last_renewal_tx); for a memory use "
+            "--memory mem_…",
+            {"digest": digest[:100]},
+        )
     report = VerifyReport(subject=digest, network=rt.chain.network, digests=[digest])
     _verify_into(rt, digest, report, prefix="")
     return report
 
 
-def _verify_into(rt: Runtime, digest: str, report: VerifyReport, *, prefix: str) -> None:
+def is_digest(text: str) -> bool:
+    """A Sui transaction digest: base58 of exactly 32 bytes."""
+    if not 32 <= len(text) <= 44:
+        return False
+    try:
+        return len(b58decode(text)) == 32
+    except ValueError:
+        return False
+
+
+def _verify_into(
+    rt: Runtime,
+    digest: str,
+    report: VerifyReport,
+    *,
+    prefix: str,
+    only_object: str | None = None,
+) -> None:
+    """Check one renewal into ``report``. ``only_object``: list the calls of that Blob
+    object fact by fact and fold the batch's other calls into one counted fact (a memory
+    audit printed ~70 lines of other blobs' calls); any failing fact is still listed."""
     p = prefix
     with rt.db.read() as s:
         rec = s.execute(
@@ -204,8 +231,11 @@ def _verify_into(rt: Runtime, digest: str, report: VerifyReport, *, prefix: str)
         f"{len(tx.calls)} on chain, {len(items)} in Walkeep's records",
     )
     extensions = {e.blob_object_id: e for e in effects.extensions} if effects else {}
+    mine = report
+    others = VerifyReport(subject=digest, network=report.network)
     for i, call in enumerate(tx.calls):
         c = f"{p}call {i}"
+        report = mine if only_object in (None, call.blob_object_id) else others
         if packages:
             report.check(
                 f"{c} package",
@@ -248,6 +278,16 @@ def _verify_into(rt: Runtime, digest: str, report: VerifyReport, *, prefix: str)
                 (f"chain {ext.old_end_epoch} → {ext.new_end_epoch}" if ext else "chain: none")
                 + f", record {item.old_end_epoch} → {item.new_end_epoch}",
             )
+    if others.facts:
+        calls = len(tx.calls) - sum(1 for c in tx.calls if c.blob_object_id == only_object)
+        held = sum(f.ok for f in others.facts)
+        mine.check(
+            f"{p}other calls",
+            others.ok,
+            f"{calls} call(s) for other blobs in this batch: {held}/{len(others.facts)} "
+            "facts hold (`walkeep verify <digest>` lists them)",
+        )
+        mine.facts.extend(f for f in others.facts if not f.ok)
 
 
 def verify_memory(rt: Runtime, memory_id: str) -> VerifyReport:
@@ -280,7 +320,7 @@ def verify_memory(rt: Runtime, memory_id: str) -> VerifyReport:
         report.check("renewals", True, "never renewed yet: nothing to verify on chain")
     for digest in dict.fromkeys(h[0] for h in history):
         report.digests.append(digest)
-        _verify_into(rt, digest, report, prefix=f"[{digest[:10]}…] ")
+        _verify_into(rt, digest, report, prefix=f"[{digest[:10]}…] ", only_object=object_id)
     for prev, cur in pairwise(confirmed):
         report.check(
             f"[{cur[0][:10]}…] continuity",

@@ -66,3 +66,14 @@ def human_duration(seconds: float) -> str:
             n = round(seconds / size)
             return f"about {n} {name}{'s' if n != 1 else ''}"
     return "less than a minute"
+
+
+def short_duration(seconds: float) -> str:
+    """An exact-enough length for an epoch or an interval: '30 s', '1.5 min', '1 h', '14 d'.
+
+    Why not hours everywhere: a 30-s local epoch read "0.0 h"."""
+    seconds = max(0.0, float(seconds))
+    for size, unit in ((86400, "d"), (3600, "h"), (60, "min")):
+        if seconds >= size:
+            return f"{seconds / size:.1f}".removesuffix(".0") + f" {unit}"
+    return f"{seconds:.1f}".removesuffix(".0") + " s"

@@ -59,6 +59,7 @@ too, so digests printed by a devnet-backed Walkeep resolve here.
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import AsyncGenerator
 from typing import Any
 from urllib.parse import quote
@@ -612,7 +613,11 @@ def serve_devnet(
     port: int = DEFAULT_PORT,
     *,
     max_body_bytes: int = 10 * 2**20,
+    sock: socket.socket | None = None,
 ) -> None:
-    """Serve the devnet until interrupted (blocking; runs uvicorn)."""
+    """Serve the devnet until interrupted (blocking; runs uvicorn). ``sock``: a
+    listening socket bound by the caller (``walkeep devnet`` binds first, so a port in
+    use fails before the network is opened)."""
     app = create_devnet_app(network, max_body_bytes=max_body_bytes)
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    config = uvicorn.Config(app, host=host, port=port, log_level="info")
+    uvicorn.Server(config).run(sockets=[sock] if sock is not None else None)

@@ -121,6 +121,9 @@ log = logging.getLogger(__name__)
 
 DB_FILE = "network.sqlite3"
 KEY_FILE = "wallet.key"
+# What a new network starts with when its first opener brings no value of its own.
+DEFAULT_EPOCH_SECONDS = 3600
+DEFAULT_STORAGE_PRICE_FROST = 11_000
 _SCHEMA_VERSION = "1"
 _PAGE = 500  # rows per page when listing
 _IN_CHUNK = 500  # ids per IN (...) query
@@ -199,14 +202,14 @@ class LocalNetwork(QuiltStoreMixin):
         state_dir: Path,
         clock: Clock,
         *,
-        epoch_seconds: int = 3600,
-        storage_price_frost: int = 11_000,
+        epoch_seconds: int | None = DEFAULT_EPOCH_SECONDS,
+        storage_price_frost: int | None = DEFAULT_STORAGE_PRICE_FROST,
         faults: Faults | None = None,
         configure: bool = False,
     ) -> None:
-        if epoch_seconds < 1:
+        if epoch_seconds is not None and epoch_seconds < 1:
             raise ValueError("epoch_seconds must be >= 1")
-        if storage_price_frost < 0:
+        if storage_price_frost is not None and storage_price_frost < 0:
             raise ValueError("storage_price_frost must be >= 0")
         self.state_dir = Path(state_dir)
         self.clock = clock
@@ -281,9 +284,10 @@ class LocalNetwork(QuiltStoreMixin):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _init_state(self, epoch_seconds: int, price: int, *, configure: bool) -> None:
+    def _init_state(self, epoch_seconds: int | None, price: int | None, *, configure: bool) -> None:
         """Create the network if it is new; apply ``epoch_seconds``/``price`` only if
-        ``configure`` (see the class docstring)."""
+        ``configure`` (see the class docstring). ``None`` is "no value of my own": the
+        network keeps its value (a new one takes the default)."""
         with self._write() as c:
             # One statement at a time: executescript() would COMMIT our transaction.
             for stmt in filter(None, (s.strip() for s in SCHEMA.split(";"))):
@@ -291,20 +295,22 @@ class LocalNetwork(QuiltStoreMixin):
             meta = dict(c.execute("SELECT key, value FROM meta").fetchall())
             now = now_us(self.clock)
             if "schedule" not in meta:
-                sched = _Schedule(now, now, 0, epoch_seconds)
+                sched = _Schedule(now, now, 0, epoch_seconds or DEFAULT_EPOCH_SECONDS)
                 c.execute("INSERT INTO meta VALUES ('schema_version', ?)", (_SCHEMA_VERSION,))
                 c.execute("INSERT INTO meta VALUES ('schedule', ?)", (sched.to_json(),))
                 configure = True  # a new network takes this opener's price too
             else:
                 sched = _Schedule.from_json(meta["schedule"])
-                if sched.seconds != epoch_seconds and not configure:
+                if epoch_seconds is None or sched.seconds == epoch_seconds:
+                    pass
+                elif not configure:
                     log.info(
                         "local network: epoch length is %ss (set by the process running it); "
                         "ignoring %ss here",
                         sched.seconds,
                         epoch_seconds,
                     )
-                elif sched.seconds != epoch_seconds:
+                else:
                     # Re-anchor at now, not at the start of the current epoch: under a
                     # shorter length the time already spent in this epoch would count
                     # as many epochs at once and expire every blob.
@@ -318,7 +324,9 @@ class LocalNetwork(QuiltStoreMixin):
                         epoch_seconds,
                         current,
                     )
-            if configure and meta.get("storage_price_frost") != str(price):
+            if "storage_price_frost" not in meta and price is None:
+                price = DEFAULT_STORAGE_PRICE_FROST
+            if price is not None and configure and meta.get("storage_price_frost") != str(price):
                 c.execute(
                     "INSERT INTO meta VALUES ('storage_price_frost', ?) "
                     "ON CONFLICT (key) DO UPDATE SET value = excluded.value",

@@ -128,6 +128,9 @@ code{font-family:ui-monospace,monospace;font-size:.92em;word-break:break-all}
 .ok{color:#0a7d32;font-weight:700}.bad{color:#b00020;font-weight:700}
 h1{font-size:1.3em;overflow-wrap:anywhere}h2{font-size:1.05em;margin-top:1.4em}
 table.list th{width:auto}
+table.list{display:block;overflow-x:auto}
+.nowrap{white-space:nowrap}
+@media (max-width:40em){th{width:7em}main{padding:0 .6em}}
 .pager{margin:-.8em 0 1.4em}
 """
 
@@ -136,9 +139,16 @@ def _e(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
+def _patches(n: int) -> str:
+    """'1 patch', '3 patches' (not "quilt of 1 patches")."""
+    return f"{_e(n)} patch" if n == 1 else f"{_e(n)} patches"
+
+
 def _page(title: str, body: str, status_code: int = 200) -> HTMLResponse:
     doc = (
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+        # Without it a phone lays the page out 980 px wide and shrinks it (issue 30).
+        "<meta name='viewport' content='width=device-width,initial-scale=1'>"
         f"<title>{_e(title)} — local explorer</title><style>{_CSS}</style></head><body>"
         "<div class='banner'>network: local — a simulated Walrus + Sui on this machine; "
         "these digests and objects do not exist on any public chain</div>"
@@ -191,7 +201,7 @@ def tx_html(rec: TxRecord, quilts: dict[str, int] | None = None) -> HTMLResponse
                 ("Blob id", f"<code>{_e(call['blob_id'])}</code>"),
                 (
                     "Kind",
-                    f"quilt of {_e(quilts[call['blob_id']])} patches: one renewal for all of them"
+                    f"quilt of {_patches(quilts[call['blob_id']])}: one renewal for all of them"
                     if call["blob_id"] in quilts
                     else "blob",
                 ),
@@ -225,7 +235,7 @@ def object_html(data: dict[str, Any]) -> HTMLResponse:
             ("Type", f"<code>{_e(data['type'])}</code>"),
             (
                 "Kind",
-                f"quilt of {_e(data['quilt_patches'])} patches (stored and renewed as one blob)"
+                f"quilt of {_patches(data['quilt_patches'])} (stored and renewed as one blob)"
                 if data["kind"] == "quilt"
                 else "blob",
             ),
@@ -332,7 +342,7 @@ def address_html(data: dict[str, Any], here: str) -> HTMLResponse:
     if data["objects"]:
         rows = "".join(
             f"<tr><td>{_obj_link(o['object_id'])}</td><td><code>{_e(o['blob_id'])}</code></td>"
-            f"<td>{_e(o['size'])} B</td><td>{_e(o['end_epoch'])}</td>"
+            f"<td class='nowrap'>{_e(o['size'])} B</td><td>{_e(o['end_epoch'])}</td>"
             f"<td class='{'ok' if o['status'] == 'live' else 'bad'}'>{_e(o['status'])}</td></tr>"
             for o in data["objects"]
         )
