@@ -72,7 +72,13 @@ class Shard:
     ns_codes: dict[str, int] = field(default_factory=dict)
     dead: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     dead_version: int = 0
+    # Derived arrays: of the delta and scopes (dropped when rows arrive or blobs die),
+    # and of the segment's rows per namespace (dropped only when blobs die: at a million
+    # rows they cost milliseconds, and rows arrive far more often than memories die).
     _cache: dict[str, object] = field(default_factory=dict)
+    _seg_cache: dict[str, tuple[np.ndarray, np.ndarray | None, float]] = field(
+        default_factory=dict
+    )
 
     def __post_init__(self) -> None:
         seg = self.segment
@@ -134,6 +140,7 @@ class Shard:
             self.dead[c] = dead
             self.dead_version += 1
             self._cache.clear()
+            self._seg_cache.clear()
 
     def _ns_code(self, namespace: str) -> int:
         c = self.ns_codes.get(namespace)
@@ -249,12 +256,16 @@ class Shard:
         seg_rows: np.ndarray | None = None
         seg = self.segment
         if seg is not None and seg.n:
-            ok_seg = ~self.dead[seg.row_blob]
-            if ns is not None:
-                ok_seg &= seg.row_ns == ns
-            if not ok_seg.all():
-                seg_rows = np.flatnonzero(ok_seg)
-            total_len += float(seg.row_len[ok_seg].sum(dtype=np.float64))
+            cached_seg = self._seg_cache.get(key)
+            if cached_seg is None:
+                ok_seg = ~self.dead[seg.row_blob]
+                if ns is not None:
+                    ok_seg &= seg.row_ns == ns
+                rows_in = None if ok_seg.all() else np.flatnonzero(ok_seg)
+                length = float(seg.row_len[ok_seg].sum(dtype=np.float64))
+                cached_seg = self._seg_cache[key] = (ok_seg, rows_in, length)
+            ok_seg, seg_rows, seg_len = cached_seg
+            total_len += seg_len
             parts.append(ok_seg)
         ok_delta = ~self.dead[d_blob] if len(d_blob) else np.zeros(0, dtype=bool)
         if ns is not None and len(d_ns):
