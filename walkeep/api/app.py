@@ -331,20 +331,21 @@ def readiness(rt: Runtime) -> dict[str, object]:
             "dialect": rt.db.dialect,
             "error": "unreachable" if is_outage(exc) else "check failed",
         }
+    # Backend and chain: coarse states only. Their detail is a driver's or client's own
+    # text (hosts, ports, database and user names on an authentication failure), and
+    # this endpoint is unauthenticated: it goes to the log, never to the caller.
     try:
         h = rt.relayer.health()
-        checks["backend"] = {
-            "ok": h.ok,
-            "name": rt.relayer.name,
-            "writes": h.writes,
-            "detail": h.detail,
-        }
+        if not h.ok or h.detail:
+            log.warning("readiness: backend %s: %s", rt.relayer.name, h.detail or "not ok")
+        checks["backend"] = {"ok": h.ok, "name": rt.relayer.name, "writes": h.writes}
     except Exception as exc:
+        log.warning("readiness: backend %s check failed: %s", rt.relayer.name, exc)
         checks["backend"] = {
             "ok": False,
             "name": rt.relayer.name,
             "writes": "paused",
-            "error": str(exc),
+            "error": "unreachable",
         }
     try:
         checks["chain"] = {
@@ -353,15 +354,17 @@ def readiness(rt: Runtime) -> dict[str, object]:
             "epoch": rt.chain.current_epoch(),
         }
     except Exception as exc:
-        checks["chain"] = {"ok": False, "network": rt.chain.network, "error": str(exc)}
+        log.warning("readiness: chain %s check failed: %s", rt.chain.network, exc)
+        checks["chain"] = {"ok": False, "network": rt.chain.network, "error": "unreachable"}
     if rt.extras.get("embedder") is not None:
         from walkeep.index.embedder import embedder_status
 
         st = embedder_status()
+        # Whether search fell back to keywords, not why (the reason is in the log).
         checks["embedder"] = {
             "ok": True,
             "model": st.model_id if st else None,
-            "fallback_reason": st.fallback_reason if st else None,
+            "degraded": bool(st and st.fallback_reason),
         }
     else:
         checks["embedder"] = {"ok": True, "model": "relayer-side (MemWal embeds)"}
