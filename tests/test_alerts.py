@@ -163,7 +163,7 @@ def test_low_then_paused_then_resumed_each_delivered_once_and_signed(
     log = alerts.recent_deliveries(rt, acct, limit=50)
     assert len(log) == len(receiver.requests)
     assert sum(d.ok for d in log) == len(events)
-    assert all(d.status_code == 500 and d.error == "HTTP 500" for d in log if not d.ok)
+    assert all(d.status_code == 500 and d.error == "HTTP 5xx" for d in log if not d.ok)
     view = alerts.get_alert_settings(rt, acct)
     assert view is not None and view.pending_events == 0 and view.balance_low is False
 
@@ -212,7 +212,8 @@ def test_unreachable_receiver_is_recorded_and_eventually_given_up(
         assert s.scalar(select(AlertEvent.status)) == "failed"
     log = alerts.recent_deliveries(rt, acct)
     assert [d.attempt for d in log] == [3, 2, 1]
-    assert all(d.status_code is None and d.error and "Connect" in d.error for d in log)
+    # Coarse, never the exception text (issue 29: the outcome is not a port scanner).
+    assert all(d.status_code is None and d.error == "unreachable" for d in log)
 
 
 def test_a_refused_renewal_emits_renewal_failed_once(

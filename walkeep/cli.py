@@ -308,6 +308,10 @@ def serve_banner(
     if workers > 1:
         jobs = f"scheduler in pid {os.getpid()}" if worker_in_process else "no scheduler"
         lines.append(f"  Processes      {workers} web processes on one port, {jobs}")
+    from walkeep.egress import start_notice
+
+    egress = start_notice(settings.egress_policy, default=settings.alert_egress_allow is None)
+    lines.append(f"  Alert egress   webhooks may reach {egress}")
     if first_run_text:
         lines += ["", first_run_text.rstrip()]
     else:
