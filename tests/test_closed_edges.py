@@ -7,12 +7,22 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 
+import anyio
+import httpx
 import pytest
+from mcp.shared.exceptions import MCPError
 
+from tests.test_mcp_e2e import Server, mcp_client
 from walkeep.api.app import readiness
 from walkeep.backends.base import Health
+from walkeep.db import Database
+from walkeep.mcp import bridge
+from walkeep.service import accounts
 from walkeep.service.runtime import Runtime
+
+ACCEPT = "application/json, text/event-stream"
 
 DRIVER_TEXT = (
     'connection to server at "db.internal" (10.1.2.3), port 5433 failed: FATAL: password '
@@ -53,3 +63,88 @@ def test_readyz_gives_coarse_backend_and_chain_states_and_logs_the_detail(
     assert report["checks"]["chain"]["error"] == "unreachable"  # type: ignore[index]
     for secret in SECRETS:
         assert secret not in text
+
+
+# --- /mcp answers failures outside the tools as JSON-RPC errors ----------------------------
+
+DOWN_URL = "postgresql+psycopg://walkeep_user:s3cret@127.0.0.1:1/walkeep_secret_db"
+RPC = {"jsonrpc": "2.0", "id": 7, "method": "tools/list"}
+
+
+@pytest.fixture
+def live(settings, clock, db) -> Iterator[Server]:  # type: ignore[no-untyped-def]
+    with Server(settings, clock, db) as srv:
+        yield srv
+
+
+async def _refusal(live: Server, key: str) -> MCPError:
+    """The MCPError the official client raises (the SDK may wrap it in groups)."""
+    try:
+        async with mcp_client(live, key) as c:
+            await c.list_tools()
+    except BaseException as exc:  # the SDK may wrap it in exception groups
+        found: list[MCPError] = []
+
+        def walk(e: BaseException) -> None:
+            if isinstance(e, MCPError):
+                found.append(e)
+            for inner in getattr(e, "exceptions", ()):
+                walk(inner)
+            if e.__context__ is not None and not found:
+                walk(e.__context__)
+
+        walk(exc)
+        assert found, exc
+        return found[0]
+    raise AssertionError("the client was not refused")
+
+
+def test_mcp_during_a_database_outage_is_503_with_a_typed_jsonrpc_error(live: Server) -> None:
+    """Regression: the API-key lookup in front of the MCP app raised past every handler,
+    and an uncached key got a bare 500 with an empty body."""
+    key = accounts.create_account(live.rt.db, "outage", credits_mc=1000).api_key
+    real_db = live.rt.db
+    live.rt.db = Database(DOWN_URL, connect_args={"connect_timeout": 2})
+    try:
+        r = httpx.post(
+            f"{live.url}/mcp",
+            json=RPC,
+            headers={"Authorization": f"Bearer {key}", "Accept": ACCEPT},
+            timeout=30,
+        )
+        assert r.status_code == 503, r.text
+        assert r.headers["retry-after"] == "5"
+        body = r.json()
+        assert body["jsonrpc"] == "2.0" and "id" in body
+        assert body["error"]["data"]["code"] == "SERVICE_UNAVAILABLE"
+        assert body["error"]["data"]["data"] == {"retry": True}
+        for secret in ("walkeep_user", "s3cret", "walkeep_secret_db"):
+            assert secret not in r.text
+
+        async def official_client() -> None:
+            err = await _refusal(live, key)
+            assert "database is unreachable" in str(err)
+            assert err.error.data["code"] == "SERVICE_UNAVAILABLE"
+
+        anyio.run(official_client)
+    finally:
+        live.rt.db.dispose()
+        live.rt.db = real_db
+
+
+def test_the_official_mcp_client_reads_why_its_key_was_refused(live: Server) -> None:
+    """Issue 30 item 6: the SDK surfaces only JSON-RPC error objects; a 401 with the REST
+    envelope reached the agent as "Server returned an error response"."""
+
+    async def go() -> None:
+        err = await _refusal(live, "wk_live_" + "x" * 43)
+        assert "not accepted" in str(err) and "walkeep key create" in str(err)
+        assert err.error.data["code"] == "UNAUTHORIZED"
+
+    anyio.run(go)
+    r = httpx.post(f"{live.url}/mcp", json=RPC, headers={"Accept": ACCEPT}, timeout=30)
+    assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Bearer")
+    # The stdio bridge (walkeep mcp --url) reads the same answer and prints its message.
+    refused = bridge.probe(f"{live.url}/mcp", "wk_live_nope")
+    assert refused is not None and refused["code"] == "UNAUTHORIZED"
+    assert "not accepted" in bridge.refused_message(f"{live.url}/mcp", refused)
