@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import anyio
 import httpx
@@ -18,6 +19,7 @@ from tests.test_mcp_e2e import Server, mcp_client
 from walkeep.api.app import readiness
 from walkeep.backends.base import Health
 from walkeep.db import Database
+from walkeep.logs import JsonFormatter, TextFormatter
 from walkeep.mcp import bridge
 from walkeep.service import accounts
 from walkeep.service.runtime import Runtime
@@ -148,3 +150,59 @@ def test_the_official_mcp_client_reads_why_its_key_was_refused(live: Server) -> 
     refused = bridge.probe(f"{live.url}/mcp", "wk_live_nope")
     assert refused is not None and refused["code"] == "UNAUTHORIZED"
     assert "not accepted" in bridge.refused_message(f"{live.url}/mcp", refused)
+
+
+# --- secrets stay out of logs ---------------------------------------------------------------
+
+
+def test_one_time_console_links_are_not_logged_in_clear(
+    live: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: the access log wrote /console/link/wkc_… (a redeemable token) at info."""
+    from walkeep.service import console as console_service
+
+    created = accounts.create_account(live.rt.db, "linked", credits_mc=0)
+    token, _ = console_service.create_console_link(live.rt.db, created.account_id, minutes=15)
+    with caplog.at_level(logging.INFO, logger="walkeep.access"):
+        r = httpx.get(f"{live.url}/console/link/{token}", timeout=10)
+        httpx.get(f"{live.url}/console/link/wkc_{'q' * 40}", timeout=10)
+    assert r.status_code < 500
+    lines = [rec for rec in caplog.records if rec.name == "walkeep.access"]
+    assert any("/console/link/" in rec.getMessage() for rec in lines)
+    formatted = [JsonFormatter().format(rec) for rec in lines]
+    for rec, line in zip(lines, formatted, strict=True):
+        assert token not in rec.getMessage() and token not in str(rec.path)  # type: ignore[attr-defined]
+        assert token not in line and "q" * 40 not in line
+
+
+def test_every_log_line_is_redacted_whatever_logged_it() -> None:
+    key = "wk_live_" + "A1b2" * 11
+    try:
+        raise RuntimeError(f"connect postgresql+psycopg://u:hunter2@db/x with {key}")
+    except RuntimeError:
+        import sys
+
+        exc_info = sys.exc_info()
+    record = logging.LogRecord(
+        "some.library", logging.ERROR, __file__, 1, "refused %s", (key,), exc_info
+    )
+    record.authorization = "Bearer " + key
+    record.secret = "whsec_" + "z" * 40
+    for formatter in (JsonFormatter(), TextFormatter()):
+        line = formatter.format(record)
+        assert key not in line and "hunter2" not in line and "z" * 40 not in line, line
+        assert "refused wk_live_" in line  # still says what it was
+
+
+def test_first_run_key_is_not_printed_when_the_output_is_not_a_terminal(
+    settings: Any, db: Database
+) -> None:
+    from walkeep.cli import first_run
+    from walkeep.onboarding import credentials_path
+
+    banner = first_run(settings, db, show_key=False)
+    assert banner is not None
+    path = credentials_path(settings)
+    key = json.loads(path.read_text())["api_key"]
+    assert key.startswith("wk_") and key not in banner
+    assert str(path) in banner and "not a terminal" in banner

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from walkeep.logs import redact
+
 log = logging.getLogger("walkeep.access")
 
 KIB = 1024
@@ -149,7 +151,8 @@ class RequestLog:
     A well-formed incoming ``X-Request-Id`` (≤128 of ``[A-Za-z0-9._:-]``) is
     kept so a caller can correlate its own logs; anything else gets a fresh
     id. The id is echoed on the response and stored in ``scope["state"]``.
-    The line never carries headers, bodies or query strings (keys, content).
+    The line never carries headers, bodies or query strings (keys, content), and its
+    path is redacted (:func:`walkeep.logs.redact`).
     """
 
     def __init__(self, app: ASGIApp) -> None:
@@ -190,19 +193,22 @@ class RequestLog:
             raise
         finally:
             state = scope.get("state") or {}
+            # Paths carry capabilities (/console/link/<one-time token>, checkout ids):
+            # the record itself holds the redacted form, whatever handler reads it.
+            path = redact(scope.get("path", ""))
             # Probes (load balancers poll these every few seconds) are logged only at
             # debug level, so they never drown the requests people read logs for.
-            probe = scope.get("path", "") in _PROBES and (status or 500) < 400
+            probe = path in _PROBES and (status or 500) < 400
             log.log(
                 logging.DEBUG if probe else logging.INFO,
                 "%s %s %s",
                 scope.get("method", ""),
-                scope.get("path", ""),
+                path,
                 status or "-",
                 extra={
                     "request_id": request_id,
                     "method": scope.get("method", ""),
-                    "path": scope.get("path", ""),
+                    "path": path,
                     "status": status or None,
                     "duration_ms": round((time.perf_counter() - started) * 1000, 1),
                     "response_bytes": sent,
