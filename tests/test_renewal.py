@@ -452,6 +452,53 @@ def test_one_renewal_pass_per_wallet_where_the_chain_requires_it(
     assert renew.renew(rt).transactions == 1
 
 
+def test_a_second_process_renewing_with_the_same_wallet_waits_for_the_first(
+    rt: Runtime, settings, clock, db
+) -> None:  # type: ignore[no-untyped-def]
+    """Issue 29: `walkeep smoke` beside a running server renews with the local network's
+    one wallet too. Its batch was prepared against the gas coin version the server's
+    batch was about to spend, and one of the two renewals was refused. Now each batch's
+    prepare → execute holds the wallet's submitter lock, so the other pass waits."""
+    import threading
+
+    from walkeep.bootstrap import build_runtime
+
+    a = account(rt, credits=10)
+    b = account(rt, credits=10)
+    _store(rt, a, "the server's tenant", "r1")
+    _store(rt, b, "the smoke test's memory", "r2")
+    _advance_epochs(rt, clock, 3)
+    rt.settings.renew_batch = 1  # one blob per transaction: two batches to interleave
+    smoke_rt = build_runtime(settings, clock=clock, database=db, with_completer=False)
+    smoke_prepared = threading.Event()
+    reports: list[renew.RenewReport] = []
+
+    def smoke_hook(_claim) -> None:  # type: ignore[no-untyped-def]
+        smoke_prepared.set()
+
+    smoke_rt.extras["renew_hooks"] = {"before_submit": smoke_hook}
+    smoke = threading.Thread(target=lambda: reports.append(renew.renew(smoke_rt)))
+
+    def server_hook(_claim) -> None:  # type: ignore[no-untyped-def]
+        if not smoke.is_alive() and not reports:
+            smoke.start()
+            # Without the lock the smoke pass prepares its batch at once (same gas
+            # version); with it, it cannot until this batch has executed.
+            smoke_prepared.wait(timeout=0.5)
+
+    rt.extras["renew_hooks"] = {"before_submit": server_hook}
+    server = renew.renew(rt)
+    smoke.join(timeout=60)
+    (smoke_report,) = reports
+    assert server.failed_transactions == 0 and smoke_report.failed_transactions == 0
+    assert server.blobs_renewed + smoke_report.blobs_renewed == 2
+    with rt.db.read() as s:
+        assert (
+            s.scalar(select(func.count()).select_from(Renewal).where(Renewal.status == "confirmed"))
+            == 2
+        )
+
+
 def test_a_sweep_locks_lapsing_memories_before_their_accounts(rt: Runtime, clock) -> None:  # type: ignore[no-untyped-def]
     """Registration updates memories (and, by trigger, the account's memory_counts row)
     before it captures on the account row; renewal pauses before it holds. A sweep must

@@ -41,9 +41,9 @@ import logging
 import os
 import socket
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -236,6 +236,9 @@ def _renew(rt: Runtime, *, max_batches: int | None, worker: str | None) -> Renew
     batches = 0
     cursor: _Cursor | None = None
     stop = rt.extras.get("stop")
+    submission_lock: Callable[[], AbstractContextManager[object]] = getattr(
+        rt.chain, "submission_lock", nullcontext
+    )
     # Batch N is recorded on this thread pool while batch N+1 is claimed: the record's
     # round trips overlap the claim's work (one record in flight at a time).
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="walkeep-record") as recorder:
@@ -245,17 +248,22 @@ def _renew(rt: Runtime, *, max_batches: int | None, worker: str | None) -> Renew
                 if stop is not None and stop.is_set():
                     break  # graceful shutdown: the batch in hand is recorded below
                 current = rt.chain.current_epoch()
-                claim = _claim_batch(rt, current, worker, report, cursor)
-                if claim is None:
-                    break
-                batches += 1
-                cursor = claim.cursor
-                if recording is not None:
-                    # Its errors surface here, before this batch goes to the chain: the
-                    # batch is then left an unsubmitted intent, as a crash would leave it.
-                    done, recording = recording, None
-                    done.result()
-                effects = _submit(rt, claim, report)
+                # Prepare → execute under the wallet's submitter lock where the chain has
+                # one (the local network's gas coin): another process renewing with the
+                # same wallet (`walkeep smoke` beside the server) waits for this batch
+                # instead of spending the same gas version and being refused.
+                with submission_lock():
+                    claim = _claim_batch(rt, current, worker, report, cursor)
+                    if claim is None:
+                        break
+                    batches += 1
+                    cursor = claim.cursor
+                    if recording is not None:
+                        # Its errors surface here, before this batch goes to the chain: the
+                        # batch is then left an unsubmitted intent, as a crash would leave it.
+                        done, recording = recording, None
+                        done.result()
+                    effects = _submit(rt, claim, report)
                 if effects is not None:
                     recording = recorder.submit(record, rt, claim.renewal_id, effects, report)
             if recording is not None:
