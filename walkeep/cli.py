@@ -282,7 +282,7 @@ def first_run(settings: Settings, db: Database, *, show_key: bool | None = None)
             + f"API key (saved to {path}, mode 0600): {created.api_key}\n\n"
             + client_configs(mcp_url, created.api_key)
         )
-    placeholder = "wk_live_…"
+    placeholder = "YOUR_API_KEY"  # ASCII: it is pasted into JSON and shell commands
     return (
         head + f"API key saved to {path} (mode 0600); not printed here because this output is "
         f"not a terminal. Read it there, then use it in place of {placeholder} below.\n\n"
