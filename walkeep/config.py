@@ -172,6 +172,17 @@ class Settings(BaseSettings):
     allowed_hosts: str = Field(
         default="", description="Comma-separated extra Host names accepted on /mcp."
     )
+    body_read_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        le=600,
+        description="A request body must arrive within this long (408 otherwise).",
+    )
+    max_guest_requests: int = Field(
+        default=64,
+        ge=1,
+        description="Bodies read at once from callers without a known API key (503 beyond).",
+    )
     api_key: str | None = None
     namespace: str | None = None
     log_format: Literal["auto", "json", "text"] = Field(

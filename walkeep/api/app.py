@@ -33,6 +33,7 @@ from walkeep.api.middleware import (
     WEBHOOK_MAX_BODY,
     BodyLimit,
     BodyLimits,
+    GuestGate,
     RequestLog,
     tool_body_limit,
 )
@@ -149,9 +150,15 @@ def create_app(
     mcp_endpoint = BearerAccountMiddleware(mcp_asgi, app.state.keys)
     app.router.routes.append(Route("/mcp", endpoint=mcp_endpoint, methods=["POST"]))
     # Outermost last: RequestLog sees every response, BodyLimit runs before any read.
-    app.add_middleware(BodyLimit, limits=limits)
+    # One gate for both paths: bodies of callers whose key is not known yet.
+    keys: KeyCache = app.state.keys
+    guests = GuestGate(rt.settings.max_guest_requests, known=keys.known_caller)
+    read_seconds = rt.settings.body_read_seconds
+    app.add_middleware(BodyLimit, limits=limits, read_seconds=read_seconds, guests=guests)
     app.add_middleware(RequestLog)
-    app.mcp_calls = RequestLog(BodyLimit(mcp_endpoint, limits=limits))
+    app.mcp_calls = RequestLog(
+        BodyLimit(mcp_endpoint, limits=limits, read_seconds=read_seconds, guests=guests)
+    )
     app.pressure = rt.pressure
     return app
 

@@ -133,6 +133,15 @@ class KeyCache:
             hit = self._cache.get(digest)
         return hit[1] if hit and hit[0] > self._monotonic() else None
 
+    def known_caller(self, scope: Scope) -> bool:
+        """Whether the request's bearer key is one this process accepted recently: such
+        callers skip the bound on guests' bodies (walkeep.api.middleware.GuestGate)."""
+        for name, value in scope.get("headers") or ():
+            if name == b"authorization":
+                token = bearer_token(value.decode("latin-1"))
+                return token is not None and self.cached(token) is not None
+        return False
+
     def resolve(self, api_key: str) -> Caller:
         hit = self.cached(api_key)
         if hit is not None:

@@ -9,6 +9,14 @@ chunk by chunk. A wrapped ``receive`` is the only place that does both.
 once (nothing read), and otherwise reads the body into memory *up to the cap*
 before calling the app, answering 413 the moment a streamed body crosses it.
 So one request costs at most its route's cap, whatever the client sends.
+
+Time and count are bounded too: the whole body must arrive within ``read_seconds``
+(a client trickling a byte every few seconds is answered 408 and dropped, instead of
+holding a connection and a buffer for minutes), and at most ``guest_slots`` bodies from
+callers without a known API key are read at once (the rest are answered 503 with
+``Retry-After`` without reading anything). A caller whose bearer key is in the key
+cache is never counted as a guest, so a flood of anonymous slow bodies cannot starve
+the agents that hold keys.
 """
 
 from __future__ import annotations
@@ -18,9 +26,10 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
+import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from walkeep.logs import redact
@@ -84,12 +93,67 @@ async def _send_413(send: Send, limit: int) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-class BodyLimit:
-    """Cap every request body before anything reads it (413 with the error envelope)."""
+async def _send_error(
+    send: Send, status: int, code: str, message: str, headers: Sequence[tuple[bytes, bytes]]
+) -> None:
+    body = _envelope(code, message, {})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
-    def __init__(self, app: ASGIApp, limits: BodyLimits) -> None:
+
+@dataclass
+class GuestGate:
+    """How many bodies of callers without a known key are being read right now.
+
+    Shared by every BodyLimit of one app (the ordinary routes and the ``/mcp`` fast
+    path). ``known`` says whether a request carries a key the server already accepted
+    (the key cache); the event loop is single-threaded, so a plain counter suffices.
+    """
+
+    slots: int
+    known: Callable[[Scope], bool] = lambda _scope: False
+    in_flight: int = field(default=0, init=False)
+
+    def enter(self, scope: Scope) -> bool | None:
+        """None: not a guest (no slot needed); True: a slot taken; False: none free."""
+        if self.known(scope):
+            return None
+        if self.in_flight >= self.slots:
+            return False
+        self.in_flight += 1
+        return True
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+
+
+class BodyLimit:
+    """Cap every request body before anything reads it (413 with the error envelope),
+    in size, in time (408) and, for callers without a known key, in number (503)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        limits: BodyLimits,
+        *,
+        read_seconds: float = 30.0,
+        guests: GuestGate | None = None,
+    ) -> None:
         self.app = app
         self.limits = limits
+        self.read_seconds = read_seconds
+        self.guests = guests
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -107,22 +171,47 @@ class BodyLimit:
         if declared is not None and declared > limit:
             await _send_413(send, limit)
             return
+        slot = self.guests.enter(scope) if self.guests is not None else None
+        if slot is False:
+            await _send_error(
+                send,
+                503,
+                "SERVICE_UNAVAILABLE",
+                "too many requests without a known API key are in progress; retry shortly",
+                [(b"retry-after", b"1")],
+            )
+            return
         chunks: list[bytes] = []
         size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return  # the client left before sending its body: nothing to answer
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                chunks.clear()
-                await _send_413(send, limit)
-                return
-            if chunk:
-                chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
+        try:
+            with anyio.move_on_after(self.read_seconds) as deadline:
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return  # the client left before sending its body: nothing to answer
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > limit:
+                        chunks.clear()
+                        await _send_413(send, limit)
+                        return
+                    if chunk:
+                        chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        break
+        finally:
+            if slot:
+                self.guests.leave()  # type: ignore[union-attr]
+        if deadline.cancelled_caught:
+            chunks.clear()
+            await _send_error(
+                send,
+                408,
+                "VALIDATION_ERROR",
+                f"the request body did not arrive within {self.read_seconds:g} s",
+                [],
+            )
+            return
         body = b"".join(chunks)
         chunks.clear()
         replayed = False
