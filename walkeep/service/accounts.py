@@ -123,6 +123,10 @@ def revoke_key(db: Database, prefix: str) -> str:
             raise NotFound(f"no API key with prefix {prefix!r}", {"prefix": prefix})
         if row.revoked_at is None:
             row.revoked_at = db.clock.now()
+            # Its console sessions end with it, and the account's link sessions too.
+            from walkeep.service.console import end_sessions_for_revoked_key
+
+            end_sessions_for_revoked_key(s, row.account_id, row.id, row.revoked_at)
         return row.account_id
 
 
