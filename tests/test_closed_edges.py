@@ -206,3 +206,42 @@ def test_first_run_key_is_not_printed_when_the_output_is_not_a_terminal(
     key = json.loads(path.read_text())["api_key"]
     assert key.startswith("wk_") and key not in banner
     assert str(path) in banner and "not a terminal" in banner
+
+
+# --- pages: no framing, no caching of tokens, no redirects from the Host header -------------
+
+
+def test_pages_refuse_framing_and_caching(live: Server) -> None:
+    """Regression: checkout, /topup/done, the explorer and /docs could be framed
+    (clickjacking the Pay button) and cached with their tokens."""
+    from walkeep.service import topup
+
+    acct = accounts.create_account(live.rt.db, "framed", credits_mc=0).account_id
+    checkout = topup.top_up(live.rt, acct, "5.00", "frame-1").checkout_url
+    cid = checkout.rsplit("/", 1)[1]
+    address = live.rt.chain.owner_address()
+    with httpx.Client(base_url=live.url, timeout=10) as h:
+        for path in (
+            f"/checkout/{cid}",
+            f"/topup/done?checkout_id={cid}",
+            f"/explorer/address/{address}",
+            "/docs",
+            "/",
+            "/console/login",
+        ):
+            r = h.get(path)
+            assert r.headers["content-type"].startswith("text/html"), path
+            assert r.headers["x-frame-options"] == "DENY", path
+            assert "frame-ancestors 'none'" in r.headers["content-security-policy"], path
+            assert r.headers["cache-control"] == "no-store", path
+
+
+def test_redirects_are_never_built_from_the_host_header(live: Server) -> None:
+    """Regression: ``GET /console/`` with ``Host: evil.example`` redirected there."""
+    with httpx.Client(base_url=live.url, timeout=10) as h:
+        r = h.get("/console/", headers={"Host": "evil.example"}, follow_redirects=False)
+        assert r.status_code in (301, 302, 303, 307, 308)
+        assert r.headers["location"] == "/console"
+        for path in ("/docs/", "/v1/check_balance/", "/explorer/tx/x/"):
+            other = h.get(path, headers={"Host": "evil.example"}, follow_redirects=False)
+            assert "evil.example" not in other.headers.get("location", ""), path

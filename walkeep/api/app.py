@@ -34,6 +34,7 @@ from walkeep.api.middleware import (
     BodyLimit,
     BodyLimits,
     GuestGate,
+    PageHeaders,
     RequestLog,
     tool_body_limit,
 )
@@ -154,8 +155,13 @@ def create_app(
     keys: KeyCache = app.state.keys
     guests = GuestGate(rt.settings.max_guest_requests, known=keys.known_caller)
     read_seconds = rt.settings.body_read_seconds
+    app.add_middleware(PageHeaders)
     app.add_middleware(BodyLimit, limits=limits, read_seconds=read_seconds, guests=guests)
     app.add_middleware(RequestLog)
+    # Starlette's trailing-slash redirect builds an absolute URL from the Host header
+    # (`GET /console/` with `Host: evil.example` redirected there). Redirects here are
+    # relative paths only; `/console/` has its own route.
+    app.router.redirect_slashes = False
     app.mcp_calls = RequestLog(
         BodyLimit(mcp_endpoint, limits=limits, read_seconds=read_seconds, guests=guests)
     )

@@ -346,6 +346,12 @@ async def static(name: str) -> Response:
 # --- sign-in / sign-out -----------------------------------------------------------------------
 
 
+@router.get("/console/", include_in_schema=False)
+async def console_slash() -> RedirectResponse:
+    """A relative redirect: never one built from the request's Host header."""
+    return RedirectResponse("/console", status_code=308)
+
+
 @router.get("/console", response_model=None)
 async def console_root(request: Request) -> Response:
     session = _read_session(_runtime(request), request)

@@ -305,3 +305,43 @@ class RequestLog:
                     "client": (scope.get("client") or ("", 0))[0],
                 },
             )
+
+
+# Headers every HTML page gets unless it set its own: no framing (clickjacking of the
+# checkout's Pay button, the console's forms), no MIME sniffing, and no caching — pages
+# carry one-time tokens (checkout pay tokens, console CSRF tokens, sign-in links).
+PAGE_HEADERS: tuple[tuple[bytes, bytes], ...] = (
+    (b"x-frame-options", b"DENY"),
+    (b"content-security-policy", b"frame-ancestors 'none'"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"cache-control", b"no-store"),
+    (b"referrer-policy", b"no-referrer"),
+)
+
+
+class PageHeaders:
+    """Pure ASGI: add :data:`PAGE_HEADERS` to every ``text/html`` response.
+
+    One place for every page (checkout, ``/topup/done``, the local explorer, ``/docs``,
+    the console) instead of a header list per router that a new page can forget.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_wrapper(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                names = {k.lower() for k, _ in headers}
+                content_type = next((v for k, v in headers if k.lower() == b"content-type"), b"")
+                if content_type.startswith(b"text/html"):
+                    headers += [(k, v) for k, v in PAGE_HEADERS if k not in names]
+                    message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_wrapper)
