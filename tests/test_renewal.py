@@ -499,6 +499,36 @@ def test_a_second_process_renewing_with_the_same_wallet_waits_for_the_first(
         )
 
 
+def test_paused_memories_do_not_flap_without_credits(rt: Runtime, clock) -> None:  # type: ignore[no-untyped-def]
+    """Issue 29: memories.paused/memories.resumed flipped six times in 40 s with no
+    top-up. Resuming took the *cheapest* paused blob as the bar, and a lapsed one (not
+    swept yet) counted as one epoch: every pass resumed everything, and the claim paused
+    the unaffordable blob again. Now a pass resumes only what the credits cover in full."""
+    from walkeep.db.models import AlertEvent
+    from walkeep.service import alerts
+
+    a = accounts.create_account(rt.db, "flappy", credits_mc=2000 + 100).account_id
+    alerts.set_alert_webhook(rt, a, "http://127.0.0.1:9/hook")
+    _store(rt, a, "first, lapses while paused", "r1")
+    _advance_epochs(rt, clock, 1)
+    _store(rt, a, "second, due and unaffordable", "r2")
+    _advance_epochs(rt, clock, 2)  # the first is due (runway 2): 189 mc > 100 available
+    assert renew.renew(rt).paused_memories == 1
+    _advance_epochs(rt, clock, 2)  # the first has lapsed, the second is due
+    assert renew.renew(rt).paused_memories == 1
+    for _ in range(4):  # passes with no credits arriving
+        clock.advance(60)
+        report = renew.renew(rt)
+        assert (report.resumed_memories, report.paused_memories) == (0, 0)
+    with rt.db.read() as s:
+        events = s.scalars(select(AlertEvent.type).order_by(AlertEvent.created_at)).all()
+    assert list(events) == ["memories.paused", "memories.paused"]
+    # Credits arriving resume them at once (the other half of the rule).
+    accounts.grant(rt.db, a, 50_000, reason="top up", ref="flap-grant")
+    with rt.db.read() as s:
+        assert "memories.resumed" in s.scalars(select(AlertEvent.type)).all()
+
+
 def test_a_sweep_locks_lapsing_memories_before_their_accounts(rt: Runtime, clock) -> None:  # type: ignore[no-untyped-def]
     """Registration updates memories (and, by trigger, the account's memory_counts row)
     before it captures on the account row; renewal pauses before it holds. A sweep must

@@ -76,6 +76,7 @@ from walkeep.lifecycle import BlobStatus, MemoryStatus
 from walkeep.service import alerts
 from walkeep.service.renewal_price import (
     ACTIVE_ONLY,
+    KEPT,
     blob_renewal_cost_mc,
     quilt_shares,
 )
@@ -278,7 +279,17 @@ def _renew(rt: Runtime, *, max_batches: int | None, worker: str | None) -> Renew
 
 
 def resume_eligible(rt: Runtime) -> int:
-    """Paused accounts that can pay for at least one renewal become active again."""
+    """Paused accounts whose credits cover a whole round become active again.
+
+    The rule (README "Alerts"): without a top-up, an account's paused memories resume
+    only when its available credits cover renewing **every** paused blob to the target
+    runway **and** every active blob of the account that is due now. Resuming as soon as
+    the cheapest paused blob was affordable made the next claim fund some, pause the rest
+    again, and resume them on the following pass: ``memories.paused``/``.resumed``
+    flipped every pass with no top-up in sight. A top-up (or a grant) resumes at once
+    (``resume_paused``); if it was not enough, the next pass pauses what it cannot fund,
+    once, and nothing resumes until more credits arrive.
+    """
     with rt.db.read() as s:
         accounts = list(
             s.scalars(
@@ -286,36 +297,52 @@ def resume_eligible(rt: Runtime) -> int:
             )
         )
     total = 0
+    threshold = rt.settings.renew_threshold_epochs
+    target = rt.settings.target_runway_epochs
+    price = rt.settings.renewal_price_mc_per_unit_epoch
     for account_id in accounts:
         with rt.db.begin() as s:
+            current = rt.chain.current_epoch()
+            cols = (Blob.id, Blob.kind, Blob.storage_size, Blob.end_epoch)
+            live = (Blob.status == BlobStatus.LIVE, Blob.end_epoch > current)
             paused = list(
                 s.execute(
-                    select(Blob.id, Blob.kind, Blob.storage_size, Blob.end_epoch)
+                    select(*cols)
                     .join(Memory, Memory.blob_pk == Blob.id)
-                    .where(Memory.account_id == account_id, Memory.status == MemoryStatus.PAUSED)
+                    .where(
+                        Memory.account_id == account_id,
+                        Memory.status == MemoryStatus.PAUSED,
+                        *live,
+                    )
                     .distinct()
-                    .limit(100)
                 )
             )
             if not paused:
                 continue
-            current = rt.chain.current_epoch()
-            shares = quilt_shares(
-                s, [b.id for b in paused if b.kind == "quilt"], (MemoryStatus.PAUSED,)
+            due_active = list(
+                s.execute(
+                    select(*cols)
+                    .join(Memory, Memory.blob_pk == Blob.id)
+                    .where(
+                        Memory.account_id == account_id,
+                        Memory.status == MemoryStatus.ACTIVE,
+                        Blob.end_epoch <= current + threshold,
+                        Blob.pending_renewal_id.is_(None),
+                        *live,
+                    )
+                    .distinct()
+                )
             )
-            need = min(
+            blobs = {b.id: b for b in [*paused, *due_active]}
+            shares = quilt_shares(s, [i for i, b in blobs.items() if b.kind == "quilt"], KEPT)
+            need = sum(
                 blob_renewal_cost_mc(
                     b,
                     shares,
-                    max(
-                        1,
-                        lifecycle.extension_epochs(
-                            b.end_epoch, current, rt.settings.target_runway_epochs
-                        ),
-                    ),
-                    rt.settings.renewal_price_mc_per_unit_epoch,
+                    max(1, lifecycle.extension_epochs(b.end_epoch, current, target)),
+                    price,
                 )
-                for b in paused
+                for b in blobs.values()
             )
             if ledger.balance(s, account_id).available_mc >= max(need, 1):
                 total += resume_paused(s, account_id)
