@@ -36,6 +36,7 @@ from walkeep.api.middleware import (
     GuestGate,
     PageHeaders,
     RequestLog,
+    SurrogateGuard,
     tool_body_limit,
 )
 from walkeep.api.rest import router as rest_router
@@ -148,7 +149,7 @@ def create_app(
     # Stateless JSON mode: no server-initiated stream (GET) and no session to end
     # (DELETE), so only POST exists; anything else is 405 with an Allow header
     # (the transport spec allows it) instead of an event stream held open forever.
-    mcp_endpoint = BearerAccountMiddleware(mcp_asgi, app.state.keys)
+    mcp_endpoint = BearerAccountMiddleware(SurrogateGuard(mcp_asgi), app.state.keys)
     app.router.routes.append(Route("/mcp", endpoint=mcp_endpoint, methods=["POST"]))
     # Outermost last: RequestLog sees every response, BodyLimit runs before any read.
     # One gate for both paths: bodies of callers whose key is not known yet.

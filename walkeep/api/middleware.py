@@ -345,3 +345,105 @@ class PageHeaders:
             await send(message)
 
         await self.app(scope, receive, send_wrapper)
+
+
+# A JSON \\uD800-\\uDFFF escape: the only way a lone surrogate reaches us in UTF-8 JSON.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _lone_surrogate_field(value: object, path: str = "") -> str | None:
+    """The first field (top-level argument name) whose keys or text hold a lone surrogate."""
+    if isinstance(value, str):
+        return path if any(0xD800 <= ord(c) <= 0xDFFF for c in value) else None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            here = path or str(k)
+            if _lone_surrogate_field(str(k), here) or _lone_surrogate_field(v, here):
+                return here
+    if isinstance(value, list):
+        for v in value:
+            found = _lone_surrogate_field(v, path)
+            if found:
+                return found
+    return None
+
+
+class SurrogateGuard:
+    """Pure ASGI, in front of the MCP app: a lone surrogate is VALIDATION_ERROR, as on REST.
+
+    UTF-8 cannot carry an unpaired surrogate, but a JSON ``\\uD800`` escape can; the MCP
+    SDK's parser refuses it with a bare JSON-RPC parse error, so an agent got -32700
+    where REST answers VALIDATION_ERROR naming the field. Python's own parser accepts such
+    escapes, so the request is read here only when the raw body has a surrogate escape
+    at all (paired ones, emoji, pass through untouched), and a ``tools/call`` is answered
+    with the same ``isError`` tool result the tools give.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        while True:  # BodyLimit has buffered the body: this is one message
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        reply = _surrogate_reply(body) if _SURROGATE_ESCAPE.search(body) else None
+        if reply is not None:
+            status, payload = reply
+            data = json.dumps(payload).encode()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": status,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(data)).encode()),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": data})
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def _surrogate_reply(body: bytes) -> tuple[int, dict[str, object]] | None:
+    from walkeep.errors import ValidationError, jsonrpc_body
+    from walkeep.mcp.server import error_result
+
+    try:
+        request = json.loads(body)
+    except ValueError:
+        return None  # not JSON at all: the SDK answers that itself
+    if not isinstance(request, dict):
+        return None
+    params = request.get("params")
+    arguments = params.get("arguments") if isinstance(params, dict) else None
+    field = _lone_surrogate_field(arguments if isinstance(arguments, dict) else params)
+    if field is None:
+        return None
+    # The same words and data as walkeep.ids.check_text gives REST and the tools.
+    err = ValidationError(
+        f"{field} must not contain an unpaired surrogate (U+D800–U+DFFF)",
+        {"field": field, "reason": "unstorable_character"},
+    )
+    if request.get("method") == "tools/call":
+        result = error_result(err).model_dump(mode="json", by_alias=True, exclude_none=True)
+        return 200, {"jsonrpc": "2.0", "id": request.get("id"), "result": result}
+    return 400, jsonrpc_body(err, request.get("id"))
