@@ -404,3 +404,37 @@ def test_the_readme_verification_snippet_accepts_a_real_delivery(
     # The test clock is days away from the wall clock: disable the age check here.
     assert namespace["verify"](secret, headers["walkeep-signature"], body, tolerance=10**9)
     assert not namespace["verify"](secret, headers["walkeep-signature"], body + b" ", 10**9)
+
+
+def test_signing_secrets_are_sealed_at_rest(rt: Runtime, receiver: Receiver) -> None:
+    """Issue 29: the signing secret sat in the database in clear, so a dump was enough to
+    forge webhooks receivers trust; content keys were already wrapped, these were not."""
+    from walkeep.crypto import DecryptionError
+    from walkeep.db.models import AlertSettings
+
+    acct = accounts.create_account(rt.db, "sealed", credits_mc=0).account_id
+    other = accounts.create_account(rt.db, "other", credits_mc=0).account_id
+    secret = alerts.set_alert_webhook(rt, acct, receiver.url)
+    alerts.set_alert_webhook(rt, other, receiver.url)
+    with rt.db.read() as s:
+        stored = s.scalar(select(AlertSettings.secret).where(AlertSettings.account_id == acct))
+    assert stored is not None and secret not in stored and secret[6:] not in stored
+    assert stored.startswith("enc1:") and len(stored) <= 100
+    alerts.send_test_event(rt, acct)
+    assert alerts.deliver_alerts(rt).delivered == 1
+    headers, body = receiver.requests[-1]
+    assert verify_signature(secret, headers["walkeep-signature"], body)
+    view = alerts.get_alert_settings(rt, acct)
+    assert view is not None and view.secret_hint.endswith(secret[-4:])
+    # Bound to its account: a sealed value copied to another row does not open there.
+    with rt.db.begin() as s:
+        s.get(AlertSettings, other).secret = stored  # type: ignore[union-attr]
+    with pytest.raises(DecryptionError):
+        alerts.get_alert_settings(rt, other)
+    # A secret stored in clear before sealing keeps working until it is set again.
+    with rt.db.begin() as s:
+        s.get(AlertSettings, other).secret = "whsec_legacy-plain"  # type: ignore[union-attr]
+    alerts.send_test_event(rt, other)
+    assert alerts.deliver_alerts(rt).delivered == 1
+    headers, body = receiver.requests[-1]
+    assert verify_signature("whsec_legacy-plain", headers["walkeep-signature"], body)

@@ -172,6 +172,29 @@ def _hint(secret: str) -> str:
     return "whsec_…" + secret[-4:]
 
 
+def _master_key(rt: Runtime) -> bytes:
+    key = rt.extras.get("master_key")
+    if key is None:
+        from walkeep.crypto import load_master_key
+
+        key = rt.extras.setdefault("master_key", load_master_key(rt.settings))
+    assert isinstance(key, bytes)
+    return key
+
+
+def _seal(rt: Runtime, account_id: str, secret: str) -> str:
+    """Signing secrets are stored sealed under the master key (walkeep.crypto)."""
+    from walkeep.crypto import seal_secret
+
+    return seal_secret(_master_key(rt), secret, context=f"alert-secret:{account_id}")
+
+
+def _open(rt: Runtime, account_id: str, stored: str) -> str:
+    from walkeep.crypto import open_secret
+
+    return open_secret(_master_key(rt), stored, context=f"alert-secret:{account_id}")
+
+
 def set_alert_webhook(
     rt: Runtime, account_id: str, url: str, threshold_epochs: int | None = None
 ) -> str:
@@ -186,6 +209,7 @@ def set_alert_webhook(
     check_egress(rt, url)
     threshold = None if threshold_epochs is None else _threshold(threshold_epochs)
     secret = "whsec_" + secrets.token_urlsafe(32)
+    sealed = _seal(rt, account_id, secret)
     now = rt.clock.now()
     with rt.db.begin() as s:
         if s.get(Account, account_id) is None:
@@ -196,7 +220,7 @@ def set_alert_webhook(
                 AlertSettings(
                     account_id=account_id,
                     url=url,
-                    secret=secret,
+                    secret=sealed,
                     threshold_epochs=threshold or DEFAULT_THRESHOLD_EPOCHS,
                     balance_low=False,
                     created_at=now,
@@ -205,7 +229,7 @@ def set_alert_webhook(
             )
         else:
             row.url = url
-            row.secret = secret
+            row.secret = sealed
             if threshold is not None and threshold != row.threshold_epochs:
                 row.threshold_epochs = threshold
                 row.balance_low = False  # re-evaluated against the new threshold
@@ -242,7 +266,7 @@ def get_alert_settings(rt: Runtime, account_id: str) -> AlertSettingsView | None
             account_id=row.account_id,
             url=row.url,
             threshold_epochs=row.threshold_epochs,
-            secret_hint=_hint(row.secret),
+            secret_hint=_hint(_open(rt, account_id, row.secret)),
             balance_low=row.balance_low,
             pending_events=int(pending or 0),
             created_at=row.created_at,
@@ -493,7 +517,7 @@ def _headers(rt: Runtime, due: _Due, body: bytes) -> dict[str, str]:
         "Content-Type": "application/json",
         "User-Agent": "Walkeep-Alerts/1",
         "Walkeep-Event-Id": due.event_id,
-        SIGNATURE_HEADER: sign(due.secret, int(rt.clock.time()), body),
+        SIGNATURE_HEADER: sign(_open(rt, due.account_id, due.secret), int(rt.clock.time()), body),
     }
 
 
