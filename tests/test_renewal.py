@@ -529,6 +529,46 @@ def test_paused_memories_do_not_flap_without_credits(rt: Runtime, clock) -> None
         assert "memories.resumed" in s.scalars(select(AlertEvent.type)).all()
 
 
+@pytest.mark.postgres
+def test_a_sweep_racing_a_registration_is_conflict_free(
+    rt: Runtime, settings, clock, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Issue 29: two web processes and two workers on PostgreSQL logged unique-key
+    violations in completion and sweep. The sweep checked that an owned object was
+    unknown, then inserted it as an orphan; a web process registering the same landed
+    write in between made the sweep's transaction fail. Both now insert ON CONFLICT DO
+    NOTHING (PostgreSQL only: SQLite has one writer, so the two cannot interleave)."""
+    from walkeep import lifecycle
+    from walkeep.db import Database
+    from walkeep.service import completion
+
+    a = account(rt, credits=10)
+    net = rt.extras["localnet"]
+    landed = net.store_blob(b"landing meanwhile", epochs=5, owner=net.server_address).blob
+    real_row = lifecycle.blob_row
+    raced: list[int] = []
+    other = Database(settings.db_url, clock=clock)
+
+    def registration_meanwhile(obj, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if not raced and obj.blob_object_id == landed.blob_object_id:
+            raced.append(1)  # another process registers the write now, and commits
+            with other.begin() as s:
+                raced.append(completion.upsert_blob(s, a, obj, clock.now(), 2, live=True))
+        return real_row(obj, *args, **kwargs)
+
+    monkeypatch.setattr(lifecycle, "blob_row", registration_meanwhile)
+    try:
+        report = sweep.sweep(rt)
+    finally:
+        other.dispose()
+    assert len(raced) == 2 and report.orphans == 0
+    with rt.db.read() as s:
+        row = s.execute(
+            select(Blob.account_id, Blob.status).where(Blob.blob_object_id == landed.blob_object_id)
+        ).one()
+    assert tuple(row) == (a, BlobStatus.LIVE)  # the registration's row, not an orphan
+
+
 def test_a_sweep_locks_lapsing_memories_before_their_accounts(rt: Runtime, clock) -> None:  # type: ignore[no-untyped-def]
     """Registration updates memories (and, by trigger, the account's memory_counts row)
     before it captures on the account row; renewal pauses before it holds. A sweep must
