@@ -42,7 +42,10 @@ def test_401_points_at_metadata_and_says_how_to_get_a_key(live: Server) -> None:
         assert "error=" not in challenge  # RFC 6750 §3.1: no error code without credentials
         meta_url = f"{live.url}/.well-known/oauth-protected-resource/mcp"
         assert f'resource_metadata="{meta_url}"' in challenge
-        body = missing.json()
+        rpc_error = missing.json()["error"]  # a JSON-RPC error: what MCP clients read
+        assert missing.json()["jsonrpc"] == "2.0" and rpc_error["code"] == -32001
+        body = rpc_error["data"]
+        assert rpc_error["message"] == body["message"]
         assert body["code"] == "UNAUTHORIZED"
         assert "no API key" in body["message"]
         assert "walkeep key create" in body["message"] and "walkeep serve" in body["message"]
@@ -53,7 +56,7 @@ def test_401_points_at_metadata_and_says_how_to_get_a_key(live: Server) -> None:
         bad = h.post("/mcp", json=rpc, headers={"Authorization": "Bearer wk_live_nope"})
         assert bad.status_code == 401
         assert 'error="invalid_token"' in bad.headers["www-authenticate"]
-        assert "not accepted" in bad.json()["message"]
+        assert "not accepted" in bad.json()["error"]["message"]
 
         rest = h.get("/v1/check_balance", headers={"Authorization": "Bearer wk_live_nope"})
         assert rest.status_code == 401 and "not accepted" in rest.json()["message"]

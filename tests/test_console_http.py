@@ -246,3 +246,49 @@ def test_alert_settings_deliveries_and_the_verify_page(live: Server) -> None:
     with httpx.Client(base_url=live.url) as c:
         assert _login(c, other.api_key).status_code == 303
         assert c.get(f"/console/verify/{digest}").status_code == 404  # not this account's
+
+
+# --- issue 29: sessions end on the server, sign-in is throttled ------------------------------
+
+
+def test_sign_out_ends_the_session_on_the_server(live: Server) -> None:
+    """Regression: the session was only a signed cookie, so a copy taken before sign-out
+    kept working for its whole 12 hours."""
+    created = accounts.create_account(live.rt.db, "copied", credits_mc=0)
+    for credential in (created.api_key, ADMIN):
+        with httpx.Client(base_url=live.url) as c:
+            assert _login(c, credential).status_code == 303
+            page = c.get("/console", follow_redirects=True)
+            assert page.status_code == 200
+            copied = c.cookies[COOKIE]
+            out = c.post("/console/logout", data={"csrf": _csrf(page.text)})
+            assert out.status_code == 303
+        with httpx.Client(base_url=live.url, cookies={COOKIE: copied}) as thief:
+            for path in ("/console/account", "/console/admin"):
+                r = thief.get(path)
+                assert r.status_code == 303 and r.headers["location"] == "/console/login", path
+
+
+def test_revoking_a_key_ends_link_sessions_of_the_account(live: Server) -> None:
+    from walkeep.service import console as svc
+
+    created = accounts.create_account(live.rt.db, "linked", credits_mc=0)
+    token, _ = svc.create_console_link(live.rt.db, created.account_id, minutes=15)
+    with httpx.Client(base_url=live.url) as c:
+        page = c.get(f"/console/link/{token}")
+        done = c.post("/console/link", data={"token": token, "csrf": _csrf(page.text)})
+        assert done.status_code == 303
+        assert c.get("/console/account").status_code == 200
+        accounts.revoke_key(live.rt.db, created.key_prefix)
+        assert c.get("/console/account").headers["location"] == "/console/login"
+
+
+def test_sign_in_attempts_are_throttled_per_client_and_per_target(live: Server) -> None:
+    """Regression: 300 wrong admin-token guesses took 0.7 s."""
+    with httpx.Client(base_url=live.url) as c:
+        codes = [_login(c, "not-the-admin-token").status_code for _ in range(12)]
+        assert codes[:10] == [401] * 10 and codes[10:] == [429, 429], codes
+        throttled = _login(c, ADMIN)  # even the right token waits its turn
+        assert throttled.status_code == 429 and int(throttled.headers["retry-after"]) >= 1
+        live.rt.clock.advance(60)  # type: ignore[attr-defined]
+        assert _login(c, ADMIN).status_code == 303

@@ -200,11 +200,22 @@ def test_console_links_are_single_use_expire_and_store_only_a_hash(rt, clock) ->
 def test_a_revoked_key_ends_its_console_sessions(rt) -> None:  # type: ignore[no-untyped-def]
     created = accounts.create_account(rt.db, "ops", credits_mc=0)
     key_id = accounts.authenticate(rt.db, created.api_key).key_id
-    assert console.session_still_valid(rt.db, created.account_id, key_id)
-    assert console.session_still_valid(rt.db, created.account_id, None)
+    by_key = console.open_session(rt.db, created.account_id, hours=12, key_id=key_id)
+    other = accounts.create_key(rt.db, created.account_id)
+    other_id = accounts.authenticate(rt.db, other.api_key).key_id
+    by_other = console.open_session(rt.db, created.account_id, hours=12, key_id=other_id)
+    by_link = console.open_session(rt.db, created.account_id, hours=12)
+    assert console.session_still_valid(rt.db, created.account_id, key_id, by_key)
+    assert console.session_still_valid(rt.db, created.account_id, None, by_link)
+    assert not console.session_still_valid(rt.db, created.account_id, None, None)
     accounts.revoke_key(rt.db, created.key_prefix)
-    assert not console.session_still_valid(rt.db, created.account_id, key_id)
-    assert not console.session_still_valid(rt.db, "acct_nope", None)
+    assert not console.session_still_valid(rt.db, created.account_id, key_id, by_key)
+    # Issue 29: a session from a sign-in link ends with the account's keys too.
+    assert not console.session_still_valid(rt.db, created.account_id, None, by_link)
+    assert console.session_still_valid(rt.db, created.account_id, other_id, by_other)
+    later = console.open_session(rt.db, created.account_id, hours=12)  # a new link works
+    assert console.session_still_valid(rt.db, created.account_id, None, later)
+    assert not console.session_still_valid(rt.db, "acct_nope", None, later)
 
 
 def test_job_runs_are_upserted_by_the_worker_wrapper(rt, clock) -> None:  # type: ignore[no-untyped-def]

@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -202,3 +203,91 @@ def test_anonymous_huge_posts_leave_resident_memory_bounded(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+
+
+# --- issue 29: slow bodies and anonymous floods ---------------------------------------------
+
+
+def _slow_post(port: int, path: str, headers: str = "") -> socket.socket:
+    """Headers and the first byte of a 100-byte body, then nothing: a slow-loris upload."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: 100\r\n{headers}\r\n{{"
+    )
+    sock.sendall(head.encode())
+    return sock
+
+
+def _answer(sock: socket.socket) -> tuple[int, bytes]:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        got = sock.recv(65536)
+        if not got:
+            break
+        data += got
+    status = int(data.split(b" ", 2)[1]) if data else 0
+    return status, data
+
+
+def test_a_body_that_does_not_arrive_in_time_is_answered_408(live: Server) -> None:
+    """Regression: a connection sending a byte every 10 s stayed open 150 s."""
+    live.rt.settings.body_read_seconds = 0.3
+    for mw in _body_limits(live):
+        mw.read_seconds = 0.3
+    for path in ("/mcp", "/v1/store"):
+        sock = _slow_post(live.port, path)
+        started = time.monotonic()
+        status, data = _answer(sock)
+        sock.close()
+        assert status == 408, data
+        assert time.monotonic() - started < 5
+        assert b'"code": "VALIDATION_ERROR"' in data
+
+
+def _body_limits(live: Server) -> list[Any]:
+    """The app's BodyLimit instances (the ordinary stack and the /mcp fast path)."""
+    from walkeep.api.middleware import BodyLimit
+
+    found: list[Any] = []
+    app = live.server.config.app
+    stack = [app.mcp_calls, app.middleware_stack]
+    while stack:
+        node = stack.pop()
+        if node is None or any(node is f for f in found):
+            continue
+        if isinstance(node, BodyLimit):
+            found.append(node)
+        stack.append(getattr(node, "app", None))
+    assert len(found) == 2, found
+    return found
+
+
+def test_anonymous_bodies_are_bounded_and_known_keys_pass(live: Server) -> None:
+    """Regression: 400 anonymous slow bodies on /mcp took RSS from 403 MB to 1.34 GB; now
+    only ``max_guest_requests`` are read at once, and a caller with a known key is never
+    held up by them."""
+    gate = _body_limits(live)[0].guests
+    assert gate is _body_limits(live)[1].guests  # one gate for both paths
+    gate.slots = 2
+    key = accounts.create_account(live.rt.db, "known", credits_mc=1000).api_key
+    auth = {"Authorization": f"Bearer {key}"}
+    assert httpx.get(f"{live.url}/v1/check_balance", headers=auth, timeout=10).status_code == 200
+    slow = [_slow_post(live.port, "/mcp") for _ in range(2)]
+    try:
+        deadline = time.monotonic() + 10
+        while gate.in_flight < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)  # the server has taken both slow bodies in hand
+        refused = httpx.post(f"{live.url}/v1/store", json={}, timeout=10)
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+        assert refused.json()["code"] == "SERVICE_UNAVAILABLE"
+        ok = httpx.post(
+            f"{live.url}/v1/store",
+            json={"content": "still served", "request_id": "k1"},
+            headers=auth,
+            timeout=10,
+        )
+        assert ok.status_code == 200, ok.text
+    finally:
+        for sock in slow:
+            sock.close()

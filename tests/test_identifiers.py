@@ -48,6 +48,11 @@ BAD_MCP_CALLS: list[tuple[str, dict[str, Any], str]] = [
     ("recall", {"query": "x", "namespace": f"n{NUL}"}, "namespace"),
     ("recall", {"query": "x", "namespace": "\t \n"}, "namespace"),
     ("export", {"namespace": f"n{NUL}"}, "namespace"),
+    # Issue 29: bidirectional controls make one identifier display as another.
+    ("store", {"content": "x", "request_id": "r6", "namespace": "abc\u202edcba"}, "namespace"),
+    ("store", {"content": "x", "request_id": "r\u2066x\u2069"}, "request_id"),
+    ("forget", {"memory_id": "mem_\u200fx", "request_id": "f2"}, "memory_id"),
+    ("recall", {"query": "x", "namespace": "n\u061c"}, "namespace"),
 ]
 
 
@@ -119,6 +124,12 @@ def test_rest_refuses_unstorable_identifiers_alike_on_both_databases(live: Serve
         ("POST", "/v1/recall", {"query": "x", "namespace": NUL}, "namespace"),
         ("GET", "/v1/check_runway", {"memory_id": f"mem_{NUL}"}, "memory_id"),
         ("GET", "/v1/export", {"namespace": NUL}, "namespace"),
+        (
+            "POST",
+            "/v1/store",
+            {"content": "x", "request_id": "r", "namespace": "a\u202eb"},
+            "namespace",
+        ),
     ]
     with httpx.Client(base_url=live.url, timeout=30, headers=auth) as h:
         for method, path, payload, field in calls:
@@ -150,3 +161,40 @@ def test_database_errors_never_carry_their_parameters(db_url: str) -> None:
         assert "acct_two" not in text and "balance_mc': 0" not in text
     finally:
         db.dispose()
+
+
+def test_lone_surrogates_are_validation_errors_on_mcp_as_on_rest(live: Server) -> None:
+    """Regression: a JSON \\uD800 escape got the MCP SDK's bare parse error (-32700)
+    where REST answers VALIDATION_ERROR naming the field; paired ones (emoji) still work."""
+    created = accounts.create_account(live.rt.db, "surrogates", credits_mc=100_000)
+    headers = {
+        "Authorization": f"Bearer {created.api_key}",
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+    }
+
+    def call(arguments: str, method: str = "tools/call") -> httpx.Response:
+        params = '{"name":"store","arguments":' + arguments + "}"
+        raw = '{"jsonrpc":"2.0","id":41,"method":"' + method + '","params":' + params + "}"
+        return httpx.post(f"{live.url}/mcp", content=raw.encode(), headers=headers, timeout=30)
+
+    for arguments, field in (
+        ('{"content":"x\\ud800y","request_id":"s1"}', "content"),
+        ('{"content":"x","request_id":"s\\udc00"}', "request_id"),
+        ('{"content":"x","request_id":"s3","metadata":{"k\\ud83d":"v"}}', "metadata"),
+    ):
+        r = call(arguments)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["id"] == 41 and body["result"]["isError"] is True, body
+        _field(body["result"]["structuredContent"], field)
+        assert body["result"]["structuredContent"]["code"] == "VALIDATION_ERROR"
+    paired = call('{"content":"coffee \\ud83d\\ude00","request_id":"s4"}')
+    assert paired.status_code == 200 and not paired.json()["result"]["isError"], paired.text
+    rest = httpx.post(
+        f"{live.url}/v1/store",
+        content=b'{"content":"x","request_id":"r\\ud800"}',
+        headers=headers,
+        timeout=30,
+    )
+    assert rest.status_code == 422 and rest.json()["code"] == "VALIDATION_ERROR"

@@ -402,6 +402,23 @@ def test_a_stale_prepared_transaction_is_refused(net: LocalNetwork) -> None:
     assert obj is not None and obj.end_epoch == 6
 
 
+def test_one_wallet_spends_its_gas_coin_once_per_transaction(net: LocalNetwork) -> None:
+    """Issue 29: two renewals of one wallet prepared at the same time (the server's
+    worker and `walkeep smoke`) name the same gas coin version; like a Sui node, the
+    local network executes one and refuses the other instead of applying both."""
+    a, b = store(net, b"a"), store(net, b"b")
+    first = net.prepare_extend(net.server_address, [(a, 1)])
+    second = net.prepare_extend(net.server_address, [(b, 1)])
+    net.execute(first)
+    with pytest.raises(ChainRejected, match="gas coin version"):
+        net.execute(second)
+    obj = net.get_object(b)
+    assert obj is not None and obj.end_epoch == 5  # all or nothing
+    assert net.execute(first).digest == first.digest  # a replay is still its recorded effects
+    extend(net, [(b, 1)])  # prepared after the first ran: fine
+    assert decode_extend_tx(base64.b64decode(first.tx_bytes)).gas_versions == (1,)
+
+
 def test_digest_is_suis_digest_over_the_tx_bytes(net: LocalNetwork) -> None:
     a, b = store(net, b"a"), store(net, b"b")
     prepared = net.prepare_extend(net.server_address, [(a, 2), (b, 3)])
@@ -577,7 +594,9 @@ def test_two_instances_on_one_directory(tmp_path: Path, clock: ManualClock) -> N
             try:
                 for i in range(25):
                     o = store(net, f"{tag}-{i}".encode(), epochs=3)
-                    extend(net, [(o, 1)])
+                    # One wallet's renewals are serialised, as its gas coin demands.
+                    with net.wallet_lock(net.server_address):
+                        extend(net, [(o, 1)])
             except BaseException as exc:  # pragma: no cover - reported below
                 errors.append(exc)
 

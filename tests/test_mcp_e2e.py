@@ -351,7 +351,7 @@ def test_http_auth_and_rest_mirror(live: Server) -> None:
     with httpx.Client(base_url=live.url, timeout=30) as h:
         r = h.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
         assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Bearer")
-        assert r.json()["code"] == "UNAUTHORIZED"
+        assert r.json()["error"]["data"]["code"] == "UNAUTHORIZED"
         bad = h.get("/v1/check_balance", headers={"Authorization": "Bearer wk_live_nope"})
         assert bad.status_code == 401 and bad.json()["code"] == "UNAUTHORIZED"
         auth = {"Authorization": f"Bearer {created.api_key}"}

@@ -455,6 +455,125 @@ def test_one_renewal_pass_per_wallet_where_the_chain_requires_it(
     assert renew.renew(rt).transactions == 1
 
 
+def test_a_second_process_renewing_with_the_same_wallet_waits_for_the_first(
+    rt: Runtime, settings, clock, db
+) -> None:  # type: ignore[no-untyped-def]
+    """Issue 29: `walkeep smoke` beside a running server renews with the local network's
+    one wallet too. Its batch was prepared against the gas coin version the server's
+    batch was about to spend, and one of the two renewals was refused. Now each batch's
+    prepare → execute holds the wallet's submitter lock, so the other pass waits."""
+    import threading
+
+    from walkeep.bootstrap import build_runtime
+
+    a = account(rt, credits=10)
+    b = account(rt, credits=10)
+    _store(rt, a, "the server's tenant", "r1")
+    _store(rt, b, "the smoke test's memory", "r2")
+    _advance_epochs(rt, clock, 3)
+    rt.settings.renew_batch = 1  # one blob per transaction: two batches to interleave
+    smoke_rt = build_runtime(settings, clock=clock, database=db, with_completer=False)
+    smoke_prepared = threading.Event()
+    reports: list[renew.RenewReport] = []
+
+    def smoke_hook(_claim) -> None:  # type: ignore[no-untyped-def]
+        smoke_prepared.set()
+
+    smoke_rt.extras["renew_hooks"] = {"before_submit": smoke_hook}
+    smoke = threading.Thread(target=lambda: reports.append(renew.renew(smoke_rt)))
+
+    def server_hook(_claim) -> None:  # type: ignore[no-untyped-def]
+        if not smoke.is_alive() and not reports:
+            smoke.start()
+            # Without the lock the smoke pass prepares its batch at once (same gas
+            # version); with it, it cannot until this batch has executed.
+            smoke_prepared.wait(timeout=0.5)
+
+    rt.extras["renew_hooks"] = {"before_submit": server_hook}
+    server = renew.renew(rt)
+    smoke.join(timeout=60)
+    (smoke_report,) = reports
+    assert server.failed_transactions == 0 and smoke_report.failed_transactions == 0
+    assert server.blobs_renewed + smoke_report.blobs_renewed == 2
+    with rt.db.read() as s:
+        assert (
+            s.scalar(select(func.count()).select_from(Renewal).where(Renewal.status == "confirmed"))
+            == 2
+        )
+
+
+def test_paused_memories_do_not_flap_without_credits(rt: Runtime, clock) -> None:  # type: ignore[no-untyped-def]
+    """Issue 29: memories.paused/memories.resumed flipped six times in 40 s with no
+    top-up. Resuming took the *cheapest* paused blob as the bar, and a lapsed one (not
+    swept yet) counted as one epoch: every pass resumed everything, and the claim paused
+    the unaffordable blob again. Now a pass resumes only what the credits cover in full."""
+    from walkeep.db.models import AlertEvent
+    from walkeep.service import alerts
+
+    a = accounts.create_account(rt.db, "flappy", credits_mc=2000 + 100).account_id
+    alerts.set_alert_webhook(rt, a, "http://127.0.0.1:9/hook")
+    _store(rt, a, "first, lapses while paused", "r1")
+    _advance_epochs(rt, clock, 1)
+    _store(rt, a, "second, due and unaffordable", "r2")
+    _advance_epochs(rt, clock, 2)  # the first is due (runway 2): 189 mc > 100 available
+    assert renew.renew(rt).paused_memories == 1
+    _advance_epochs(rt, clock, 2)  # the first has lapsed, the second is due
+    assert renew.renew(rt).paused_memories == 1
+    for _ in range(4):  # passes with no credits arriving
+        clock.advance(60)
+        report = renew.renew(rt)
+        assert (report.resumed_memories, report.paused_memories) == (0, 0)
+    with rt.db.read() as s:
+        events = s.scalars(select(AlertEvent.type).order_by(AlertEvent.created_at)).all()
+    assert list(events) == ["memories.paused", "memories.paused"]
+    # Credits arriving resume them at once (the other half of the rule).
+    accounts.grant(
+        rt.db, a, 50_000, reason="top up", ref="flap-grant", current_epoch=rt.chain.current_epoch()
+    )
+    with rt.db.read() as s:
+        assert "memories.resumed" in s.scalars(select(AlertEvent.type)).all()
+
+
+@pytest.mark.postgres
+def test_a_sweep_racing_a_registration_is_conflict_free(
+    rt: Runtime, settings, clock, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Issue 29: two web processes and two workers on PostgreSQL logged unique-key
+    violations in completion and sweep. The sweep checked that an owned object was
+    unknown, then inserted it as an orphan; a web process registering the same landed
+    write in between made the sweep's transaction fail. Both now insert ON CONFLICT DO
+    NOTHING (PostgreSQL only: SQLite has one writer, so the two cannot interleave)."""
+    from walkeep import lifecycle
+    from walkeep.db import Database
+    from walkeep.service import completion
+
+    a = account(rt, credits=10)
+    net = rt.extras["localnet"]
+    landed = net.store_blob(b"landing meanwhile", epochs=5, owner=net.server_address).blob
+    real_row = lifecycle.blob_row
+    raced: list[int] = []
+    other = Database(settings.db_url, clock=clock)
+
+    def registration_meanwhile(obj, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if not raced and obj.blob_object_id == landed.blob_object_id:
+            raced.append(1)  # another process registers the write now, and commits
+            with other.begin() as s:
+                raced.append(completion.upsert_blob(s, a, obj, clock.now(), 2, live=True))
+        return real_row(obj, *args, **kwargs)
+
+    monkeypatch.setattr(lifecycle, "blob_row", registration_meanwhile)
+    try:
+        report = sweep.sweep(rt)
+    finally:
+        other.dispose()
+    assert len(raced) == 2 and report.orphans == 0
+    with rt.db.read() as s:
+        row = s.execute(
+            select(Blob.account_id, Blob.status).where(Blob.blob_object_id == landed.blob_object_id)
+        ).one()
+    assert tuple(row) == (a, BlobStatus.LIVE)  # the registration's row, not an orphan
+
+
 def test_a_sweep_locks_lapsing_memories_before_their_accounts(rt: Runtime, clock) -> None:  # type: ignore[no-untyped-def]
     """Registration updates memories (and, by trigger, the account's memory_counts row)
     before it captures on the account row; renewal pauses before it holds. A sweep must

@@ -24,8 +24,11 @@ def test_banner_comes_last_with_the_key_and_configs(tmp_path: Path, db_url: str)
     assert logs_before, "start-up logs come first"
     assert not any(line.startswith('{"ts"') for line in lines[starts[0] :]), banner
     assert f"{served.url}/mcp" in banner
-    assert served.api_key in banner  # first run: the new key…
-    assert "claude mcp add --transport http walkeep" in banner  # …and ready-to-paste configs
+    # First run, stderr not a terminal (a log file here): the key stays in the credentials
+    # file, and the banner says where it is…
+    assert served.api_key not in served.stderr()
+    assert "credentials.json" in banner and "not a terminal" in banner
+    assert "claude mcp add --transport http walkeep" in banner  # …with ready-to-paste configs
     # The noise that used to bury it is gone.
     noisy = {"apscheduler.scheduler", "alembic.runtime.migration", "alembic.runtime.plugins"}
     assert not [r for r in logs_before if r["logger"] in noisy]

@@ -488,9 +488,12 @@ def test_signed_but_malformed_events_are_400_and_change_nothing(
         with caplog.at_level("WARNING"):
             r = FakeStripe.post(web.fake.webhook_url, body, FakeStripe.sign(body, WHSEC))
         assert r.status == 400, (body[:60], r.status, r.body)
+        # Issue 29: signed, so the payload is the problem, not the signature.
+        assert r.json()["error"] == "invalid_payload", (body[:60], r.body)
     assert "rejected webhook" in caplog.text and "signed" in caplog.text
     future = int(time.time()) + 3600
-    assert web.fake.deliver(completed, timestamp=future).status == 400
+    stale = web.fake.deliver(completed, timestamp=future)
+    assert stale.status == 400 and stale.json()["error"] == "invalid_signature"
     assert web.balance_mc() == 0
     with web.db.read() as s:
         assert s.scalar(select(func.count()).select_from(StripeEvent)) == 0

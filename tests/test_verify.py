@@ -225,3 +225,57 @@ def test_verify_of_something_that_is_no_digest_says_so(
     out = _cli(["verify", "hello"], settings, tmp_path)
     assert out.returncode == 1 and out.stdout == ""
     assert out.stderr.startswith("walkeep: error: 'hello' is not a transaction digest")
+
+
+def test_the_money_side_is_verified_too(settings: Settings, clock: ManualClock, db) -> None:  # type: ignore[no-untyped-def]
+    """Issue 29: verify checked the chain side only; a renewal billed at the wrong price,
+    a wrong blob count or a WAL figure that disagrees with the chain went unnoticed."""
+    from walkeep.bootstrap import build_runtime
+
+    settings.quilts = "off"  # a plain blob: its item must cost exactly price × units × epochs
+    rt = build_runtime(settings, clock=clock, database=db, with_completer=False)
+    acct = account(rt, credits=50)
+    store.store(rt, acct, content="alone in its blob", request_id="solo")
+    land_all(rt)
+    clock.advance(epoch_seconds(rt) * 3)
+    (digest,) = run_job(rt, "renew").digests
+    report = verify.verify_digest(rt, digest)
+    assert report.ok, [f.line() for f in report.facts if not f.ok]
+    names = {f.name for f in report.facts}
+    assert {"blob count", "billed", "call 0 cost", "WAL cost"} <= names
+    with rt.db.read() as s:
+        kind = s.scalar(select(Blob.kind).join(Memory, Memory.blob_pk == Blob.id))
+    assert kind == "blob"
+
+    with rt.db.begin() as s:
+        rid = s.scalar(select(Renewal.id).where(Renewal.digest == digest))
+        s.execute(
+            update(RenewalItem)
+            .where(RenewalItem.renewal_id == rid)
+            .values(cost_mc=RenewalItem.cost_mc + 1)
+        )
+    assert _failed(verify.verify_digest(rt, digest)) == ["billed", "call 0 cost"]
+    with rt.db.begin() as s:
+        s.execute(
+            update(Renewal)
+            .where(Renewal.id == rid)
+            .values(cost_mc=Renewal.cost_mc + 1, blob_count=2, wal_cost_frost=1)
+        )
+    assert _failed(verify.verify_digest(rt, digest)) == ["blob count", "call 0 cost", "WAL cost"]
+
+
+def test_a_quilt_item_costs_at_most_the_whole_quilt(rt: Runtime, clock: ManualClock) -> None:
+    digests, _mids = _renewed_world(rt, clock)
+    digest = digests[0]
+    assert "call 0 cost" in {f.name for f in verify.verify_digest(rt, digest).facts}
+    with rt.db.begin() as s:
+        rid = s.scalar(select(Renewal.id).where(Renewal.digest == digest))
+        s.execute(update(RenewalItem).where(RenewalItem.renewal_id == rid).values(cost_mc=10**9))
+    failed = _failed(verify.verify_digest(rt, digest))
+    assert "call 0 cost" in failed and "billed" in failed
+    with rt.db.begin() as s:
+        n = len(s.scalars(select(RenewalItem.id).where(RenewalItem.renewal_id == rid)).all())
+        s.execute(update(Renewal).where(Renewal.id == rid).values(cost_mc=10**9 * n))
+    failed = _failed(verify.verify_digest(rt, digest))
+    assert "billed" not in failed  # the sum agrees again…
+    assert [f"call {i} cost" for i in range(n)] == failed  # …each share exceeds its quilt

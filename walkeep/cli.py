@@ -262,16 +262,24 @@ def _serve_settings(host: str, port: int) -> Settings:
     return settings
 
 
-def first_run(settings: Settings, db: Database) -> str | None:
+def first_run(settings: Settings, db: Database, *, show_key: bool | None = None) -> str | None:
     """On an empty database: a `default` account with promo credits, its key saved
     (mode 0600). Returns the banner that shows the key with ready-to-paste MCP client
-    configs (``walkeep serve`` prints it once the server is up), or None."""
+    configs (``walkeep serve`` prints it once the server is up), or None.
+
+    The key itself is in the banner only when the banner goes to a terminal
+    (``show_key``, default: whether stderr is one). Otherwise the output is likely a log
+    file or a log shipper, where a live key must not land: the banner says where the
+    credentials file is instead.
+    """
     from walkeep import ledger
     from walkeep.onboarding import client_configs, credentials_path, write_credentials
     from walkeep.service import accounts
 
     if accounts.find_account_by_name(db, "default") is not None or _has_accounts(db):
         return None
+    if show_key is None:
+        show_key = sys.stderr.isatty()
     promo = ledger.usd_to_mc(settings.promo_credits_usd)
     created = accounts.create_account(
         db, "default", credits_mc=promo, grant_reason="promo credits (early access)"
@@ -279,11 +287,21 @@ def first_run(settings: Settings, db: Database) -> str | None:
     mcp_url = settings.public_url.rstrip("/") + "/mcp"
     path = credentials_path(settings)
     write_credentials(path, created.api_key, created.account_id, mcp_url)
-    return (
+    head = (
         f"Created account 'default' ({created.account_id}) with "
         f"{ledger.credits_display(promo)} promo credits.\n"
-        f"API key (saved to {path}, mode 0600): {created.api_key}\n\n"
-        + client_configs(mcp_url, created.api_key)
+    )
+    if show_key:
+        return (
+            head
+            + f"API key (saved to {path}, mode 0600): {created.api_key}\n\n"
+            + client_configs(mcp_url, created.api_key)
+        )
+    placeholder = "YOUR_API_KEY"  # ASCII: it is pasted into JSON and shell commands
+    return (
+        head + f"API key saved to {path} (mode 0600); not printed here because this output is "
+        f"not a terminal. Read it there, then use it in place of {placeholder} below.\n\n"
+        + client_configs(mcp_url, placeholder)
     )
 
 
@@ -326,6 +344,10 @@ def serve_banner(
         lines.append(f"  Processes      {workers} web processes on one port, {jobs}")
     if schedule:
         lines.append(f"  Worker         {schedule}")
+    from walkeep.egress import start_notice
+
+    egress = start_notice(settings.egress_policy, default=settings.alert_egress_allow is None)
+    lines.append(f"  Alert egress   webhooks may reach {egress}")
     if first_run_text:
         lines += ["", first_run_text.rstrip()]
     else:

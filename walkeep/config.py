@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import AliasChoices, Field, field_validator
 from pydantic import ValidationError as PydanticValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from walkeep.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from walkeep.egress import EgressPolicy
 
 Network = Literal["local", "testnet", "mainnet"]
 RelayerKind = Literal["local", "walrus", "memwal"]
@@ -146,7 +149,28 @@ class Settings(BaseSettings):
     # --- alerts (walkeep/service/alerts.py) -----------------------------------------------
     deliver_alerts_interval_seconds: float = Field(default=15, gt=0)
     alert_timeout_seconds: float = Field(
-        default=5.0, gt=0, le=60, description="Per webhook request (connect and read)."
+        default=10.0,
+        gt=0,
+        le=60,
+        description="Total per delivery: DNS, connect, send and the receiver's answer.",
+    )
+    alert_max_response_bytes: int = Field(
+        default=4096, ge=1, le=1024 * 1024, description="Bytes of a receiver's answer read."
+    )
+    alert_concurrency: int = Field(
+        default=8, ge=1, le=256, description="Deliveries in flight at once (one per account)."
+    )
+    alert_batch_per_account: int = Field(
+        default=10,
+        ge=1,
+        le=1000,
+        description="Events one account may have sent per job run (the rest wait their turn).",
+    )
+    alert_egress_allow: str | None = Field(
+        default=None,
+        description="Non-public addresses alert webhooks may reach: comma-separated CIDRs "
+        "or host names, `loopback`, or `none`. Default: `loopback` on the local network, "
+        "`none` elsewhere (walkeep/egress.py).",
     )
     alert_max_attempts: int = Field(
         default=16, ge=1, description="Delivery attempts per event before it is dropped."
@@ -159,6 +183,17 @@ class Settings(BaseSettings):
     public_url: str = "http://127.0.0.1:8080"
     allowed_hosts: str = Field(
         default="", description="Comma-separated extra Host names accepted on /mcp."
+    )
+    body_read_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        le=600,
+        description="A request body must arrive within this long (408 otherwise).",
+    )
+    max_guest_requests: int = Field(
+        default=64,
+        ge=1,
+        description="Bodies read at once from callers without a known API key (503 beyond).",
     )
     api_key: str | None = None
     namespace: str | None = None
@@ -202,6 +237,25 @@ class Settings(BaseSettings):
     @classmethod
     def _expand(cls, v: Path) -> Path:
         return v.expanduser()
+
+    @field_validator("alert_egress_allow", mode="after")
+    @classmethod
+    def _egress(cls, v: str | None) -> str | None:
+        from walkeep.egress import EgressPolicy
+
+        if v is not None:
+            EgressPolicy.parse(v)  # ValueError names the bad entry
+        return v
+
+    @property
+    def egress_policy(self) -> EgressPolicy:
+        """Where alert webhooks may go beyond public addresses (walkeep/egress.py)."""
+        from walkeep.egress import EgressPolicy
+
+        spec = self.alert_egress_allow
+        if spec is None:
+            spec = "loopback" if self.network == "local" else ""
+        return EgressPolicy.parse(spec)
 
     @cached_property
     def db_url(self) -> str:

@@ -189,6 +189,47 @@ def master_key_id(key: bytes) -> str:
     return hashlib.sha256(_KEY_ID_DOMAIN + key).hexdigest()[:16]
 
 
+# --- small secrets at rest (alert signing secrets) ---------------------------------------
+
+_SECRET_INFO = b"walkeep/secrets-at-rest/v1"
+SEALED_PREFIX = "enc1:"
+
+
+def _secret_cipher(master_key: bytes) -> AESSIV:
+    key = HKDF(algorithm=hashes.SHA256(), length=64, salt=None, info=_SECRET_INFO).derive(
+        master_key
+    )
+    return AESSIV(key)
+
+
+def seal_secret(master_key: bytes, secret: str, *, context: str) -> str:
+    """``secret`` encrypted under the master key, bound to ``context`` (e.g. the account
+    id, so a sealed value copied to another row does not open there). Short enough for a
+    100-character column when the secret is ~50 characters.
+
+    Why: a signing secret kept in clear lets whoever reads a database dump forge the
+    webhooks receivers trust; content keys were already wrapped, these were not.
+    """
+    sealed = _secret_cipher(master_key).encrypt(secret.encode(), [context.encode()])
+    return SEALED_PREFIX + base64.urlsafe_b64encode(sealed).decode().rstrip("=")
+
+
+def open_secret(master_key: bytes, stored: str, *, context: str) -> str:
+    """The secret :func:`seal_secret` sealed; a value stored before sealing (no prefix)
+    is returned as it is, so existing webhooks keep working until they are set again."""
+    if not stored.startswith(SEALED_PREFIX):
+        return stored
+    raw = stored[len(SEALED_PREFIX) :]
+    try:
+        data = base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4))
+        return _secret_cipher(master_key).decrypt(data, [context.encode()]).decode()
+    except (InvalidTag, ValueError, binascii.Error) as exc:
+        raise DecryptionError(
+            "a stored secret does not open with this master key (was WALKEEP_MASTER_KEY "
+            "changed, or is it different in this process?)"
+        ) from exc
+
+
 # --- per-account data keys -----------------------------------------------------------
 
 

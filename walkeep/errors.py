@@ -147,6 +147,48 @@ _BY_CODE: dict[str, type[WalkeepError]] = {
 }
 
 
+# JSON-RPC error codes for failures answered before an MCP request reaches its tool
+# (server-defined range -32000..-32099). The typed code is in ``error.data.code``.
+JSONRPC_CODES: dict[str, int] = {
+    "UNAUTHORIZED": -32001,
+    "SERVICE_UNAVAILABLE": -32002,
+    "RATE_LIMITED": -32003,
+    "VALIDATION_ERROR": -32602,
+}
+
+
+def jsonrpc_body(err: WalkeepError, request_id: Any = None) -> dict[str, Any]:
+    """``err`` as a JSON-RPC error response, for ``/mcp`` answers outside any tool.
+
+    Why: MCP clients (the official SDK among them) surface only JSON-RPC error
+    objects from a non-2xx answer; a bare ``{code, message, data}`` became "Server
+    returned an error response" and the explanation was lost. ``error.message`` is
+    the human text and ``error.data`` the same envelope REST returns.
+    """
+    return {
+        "jsonrpc": "2.0",
+        "id": request_id,
+        "error": {
+            "code": JSONRPC_CODES.get(err.code, -32000),
+            "message": err.message,
+            "data": err.body(),
+        },
+    }
+
+
+def envelope_of(body: object) -> dict[str, Any] | None:
+    """The ``{code, message, data}`` envelope in a REST body or a JSON-RPC error, or None."""
+    if not isinstance(body, dict):
+        return None
+    error = body.get("error")
+    if body.get("jsonrpc") == "2.0" and isinstance(error, dict):
+        data = error.get("data")
+        if isinstance(data, dict) and "code" in data:
+            return data
+        return {"code": "INTERNAL", "message": str(error.get("message") or ""), "data": {}}
+    return body if "code" in body else None
+
+
 def from_body(body: dict[str, Any]) -> WalkeepError:
     """The typed error for a wire envelope (``walkeep.client`` raises these).
 

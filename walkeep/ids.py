@@ -73,6 +73,12 @@ def api_key_display_prefix(key: str) -> str:
 # other control characters: nothing legitimate needs them, and they hide in logs and UIs.
 
 
+# Bidirectional formatting characters (embeddings, overrides, isolates, marks): in an
+# identifier they make one id display as another ("Trojan Source"), in the console, in
+# logs and in an agent's transcript. Content may hold them; identifiers may not.
+_BIDI_CONTROLS = frozenset([0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)])
+
+
 def _bad_char(value: str, *, controls: bool) -> str | None:
     """A description of the first character the databases (or ids) can't take, or None."""
     for i, ch in enumerate(value):
@@ -83,11 +89,14 @@ def _bad_char(value: str, *, controls: bool) -> str | None:
             return f"an unpaired surrogate (U+{code:04X}) at position {i}"
         if controls and unicodedata.category(ch) == "Cc":
             return f"a control character (U+{code:04X}) at position {i}"
+        if controls and code in _BIDI_CONTROLS:
+            return f"a bidirectional control character (U+{code:04X}) at position {i}"
     return None
 
 
 def check_identifier(value: str, field: str) -> str:
-    """Refuse NUL, other control characters and unpaired surrogates in an identifier."""
+    """Refuse NUL, other control characters, bidirectional controls and unpaired
+    surrogates in an identifier."""
     bad = _bad_char(value, controls=True)
     if bad:
         raise ValidationError(

@@ -4,21 +4,62 @@ stderr matters: over stdio MCP, stdout is the protocol wire. A person at a termi
 reads ``12:00:01 INFO  walkeep.worker: job done job=renew blobs_renewed=3``; a log
 shipper (not a TTY) gets one JSON object per line. ``WALKEEP_LOG_FORMAT=json|text``
 overrides the guess.
+
+Redaction: every line is passed through :func:`redact` before it is written, whatever
+logger produced it, so a secret that reaches a message, an extra field or a traceback
+(a one-time console link in an access-log path, an API key in an exception, a
+password in a database URL) is cut down to its recognisable prefix. Logs are read by
+more people and kept longer than any of these secrets are meant to live.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from datetime import UTC, datetime
 from typing import TextIO
 
 _RESERVED = set(vars(logging.makeLogRecord({})))
 
+# Secret-shaped strings, each kept to a prefix that says what it was. Order matters:
+# specific shapes first, the generic long-token rule for path segments last.
+_KEEP = 4  # characters of an id kept after its prefix, to correlate lines
+_SECRETS: tuple[tuple[re.Pattern[str], str], ...] = (
+    # Walkeep API keys, one-time console links, alert signing secrets.
+    (re.compile(r"\b(wk_(?:live|test)_|wkc_|whsec_)[A-Za-z0-9_\-]{6,}"), r"\1…"),
+    # Stripe secret/restricted keys and webhook secrets; Sui private keys.
+    (re.compile(r"\b((?:sk|rk)_(?:live|test)_)[A-Za-z0-9]{6,}"), r"\1…"),
+    (re.compile(r"\bsuiprivkey1[a-z0-9]{10,}"), "suiprivkey1…"),
+    # Bearer credentials, wherever a header value ends up in text.
+    (re.compile(r"(?i)\b(bearer\s+)[^\s\"',;]{6,}"), r"\1…"),
+    # The password in a URL's userinfo (database URLs in driver errors).
+    (re.compile(r"(://[^/\s:@]+:)[^/\s@]+@"), r"\1***@"),
+    # Checkout pages are reachable by their id: keep enough of it to correlate.
+    (re.compile(rf"(/checkout/[A-Za-z]+_[A-Za-z0-9]{{{_KEEP}}})[A-Za-z0-9]+"), r"\1…"),
+    # One-time links under any prefix, e.g. /console/link/<token>.
+    (re.compile(r"(/link/)[^/\s?#\"']{6,}"), r"\1…"),
+)
+
+
+def redact(text: str) -> str:
+    """``text`` with every secret-shaped part cut to its prefix (see ``_SECRETS``)."""
+    for pattern, replacement in _SECRETS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def _clean(value: object) -> object:
+    return redact(value) if isinstance(value, str) else value
+
 
 def _extras(record: logging.LogRecord) -> dict[str, object]:
-    return {k: v for k, v in vars(record).items() if k not in _RESERVED and not k.startswith("_")}
+    return {
+        k: _clean(v)
+        for k, v in vars(record).items()
+        if k not in _RESERVED and not k.startswith("_")
+    }
 
 
 class JsonFormatter(logging.Formatter):
@@ -27,13 +68,13 @@ class JsonFormatter(logging.Formatter):
             "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": redact(record.getMessage()),
             # Several web processes (`walkeep serve --workers N`) share one stream.
             "pid": record.process,
         }
         out.update(_extras(record))
         if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
+            out["exc"] = redact(self.formatException(record.exc_info))
         return json.dumps(out, default=str)
 
 
@@ -48,7 +89,7 @@ class TextFormatter(logging.Formatter):
             line += f"  {fields}"
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
-        return line
+        return redact(line)
 
 
 def use_json(fmt: str, stream: TextIO) -> bool:

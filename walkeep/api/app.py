@@ -33,7 +33,10 @@ from walkeep.api.middleware import (
     WEBHOOK_MAX_BODY,
     BodyLimit,
     BodyLimits,
+    GuestGate,
+    PageHeaders,
     RequestLog,
+    SurrogateGuard,
     tool_body_limit,
 )
 from walkeep.api.rest import router as rest_router
@@ -146,12 +149,23 @@ def create_app(
     # Stateless JSON mode: no server-initiated stream (GET) and no session to end
     # (DELETE), so only POST exists; anything else is 405 with an Allow header
     # (the transport spec allows it) instead of an event stream held open forever.
-    mcp_endpoint = BearerAccountMiddleware(mcp_asgi, app.state.keys)
+    mcp_endpoint = BearerAccountMiddleware(SurrogateGuard(mcp_asgi), app.state.keys)
     app.router.routes.append(Route("/mcp", endpoint=mcp_endpoint, methods=["POST"]))
     # Outermost last: RequestLog sees every response, BodyLimit runs before any read.
-    app.add_middleware(BodyLimit, limits=limits)
+    # One gate for both paths: bodies of callers whose key is not known yet.
+    keys: KeyCache = app.state.keys
+    guests = GuestGate(rt.settings.max_guest_requests, known=keys.known_caller)
+    read_seconds = rt.settings.body_read_seconds
+    app.add_middleware(PageHeaders)
+    app.add_middleware(BodyLimit, limits=limits, read_seconds=read_seconds, guests=guests)
     app.add_middleware(RequestLog)
-    app.mcp_calls = RequestLog(BodyLimit(mcp_endpoint, limits=limits))
+    # Starlette's trailing-slash redirect builds an absolute URL from the Host header
+    # (`GET /console/` with `Host: evil.example` redirected there). Redirects here are
+    # relative paths only; `/console/` has its own route.
+    app.router.redirect_slashes = False
+    app.mcp_calls = RequestLog(
+        BodyLimit(mcp_endpoint, limits=limits, read_seconds=read_seconds, guests=guests)
+    )
     app.pressure = rt.pressure
     return app
 
@@ -335,20 +349,21 @@ def readiness(rt: Runtime) -> dict[str, object]:
             "dialect": rt.db.dialect,
             "error": "unreachable" if is_outage(exc) else "check failed",
         }
+    # Backend and chain: coarse states only. Their detail is a driver's or client's own
+    # text (hosts, ports, database and user names on an authentication failure), and
+    # this endpoint is unauthenticated: it goes to the log, never to the caller.
     try:
         h = rt.relayer.health()
-        checks["backend"] = {
-            "ok": h.ok,
-            "name": rt.relayer.name,
-            "writes": h.writes,
-            "detail": h.detail,
-        }
+        if not h.ok or h.detail:
+            log.warning("readiness: backend %s: %s", rt.relayer.name, h.detail or "not ok")
+        checks["backend"] = {"ok": h.ok, "name": rt.relayer.name, "writes": h.writes}
     except Exception as exc:
+        log.warning("readiness: backend %s check failed: %s", rt.relayer.name, exc)
         checks["backend"] = {
             "ok": False,
             "name": rt.relayer.name,
             "writes": "paused",
-            "error": str(exc),
+            "error": "unreachable",
         }
     try:
         checks["chain"] = {
@@ -357,15 +372,17 @@ def readiness(rt: Runtime) -> dict[str, object]:
             "epoch": rt.chain.current_epoch(),
         }
     except Exception as exc:
-        checks["chain"] = {"ok": False, "network": rt.chain.network, "error": str(exc)}
+        log.warning("readiness: chain %s check failed: %s", rt.chain.network, exc)
+        checks["chain"] = {"ok": False, "network": rt.chain.network, "error": "unreachable"}
     if rt.extras.get("embedder") is not None:
         from walkeep.index.embedder import embedder_status
 
         st = embedder_status()
+        # Whether search fell back to keywords, not why (the reason is in the log).
         checks["embedder"] = {
             "ok": True,
             "model": st.model_id if st else None,
-            "fallback_reason": st.fallback_reason if st else None,
+            "degraded": bool(st and st.fallback_reason),
         }
     else:
         checks["embedder"] = {"ok": True, "model": "relayer-side (MemWal embeds)"}

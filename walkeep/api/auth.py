@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -27,10 +28,18 @@ from pydantic import AnyHttpUrl
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from walkeep.errors import Unauthorized
+from walkeep.errors import (
+    Internal,
+    ServiceUnavailable,
+    Unauthorized,
+    WalkeepError,
+    jsonrpc_body,
+)
 from walkeep.mcp.server import Caller, current_caller
 from walkeep.service import accounts
 from walkeep.service.runtime import Runtime
+
+log = logging.getLogger(__name__)
 
 CACHE_TTL_SECONDS = 5.0
 KEY_SHAPE = "wk_live_ followed by 43 characters"
@@ -124,6 +133,15 @@ class KeyCache:
             hit = self._cache.get(digest)
         return hit[1] if hit and hit[0] > self._monotonic() else None
 
+    def known_caller(self, scope: Scope) -> bool:
+        """Whether the request's bearer key is one this process accepted recently: such
+        callers skip the bound on guests' bodies (walkeep.api.middleware.GuestGate)."""
+        for name, value in scope.get("headers") or ():
+            if name == b"authorization":
+                token = bearer_token(value.decode("latin-1"))
+                return token is not None and self.cached(token) is not None
+        return False
+
     def resolve(self, api_key: str) -> Caller:
         hit = self.cached(api_key)
         if hit is not None:
@@ -147,7 +165,14 @@ def bearer_token(authorization: str | None) -> str | None:
 
 
 class BearerAccountMiddleware:
-    """Pure ASGI: authenticate, bind the caller for the tools, or answer 401."""
+    """Pure ASGI: authenticate, bind the caller for the tools, or answer the failure.
+
+    Failures here happen before the MCP app sees the request, so they are answered as
+    JSON-RPC errors (what MCP clients read) carrying the typed envelope: 401 with
+    ``WWW-Authenticate`` for a missing or refused key, 503 with ``Retry-After`` when the
+    key cannot be looked up because the database is down (not a bare 500), 500 for
+    anything else (logged, never described).
+    """
 
     def __init__(self, app: ASGIApp, keys: KeyCache) -> None:
         self.app = app
@@ -167,21 +192,17 @@ class BearerAccountMiddleware:
                     caller = await anyio.to_thread.run_sync(self.keys.resolve, token)
                 except Unauthorized:
                     caller = None
+                except Exception as exc:  # the key could not be looked up at all
+                    await _lookup_failed(send, exc)
+                    return
         if caller is None:
             public_url = self.keys.rt.settings.public_url
             sent = token is not None
-            body = json.dumps(unauthorized(public_url, token_sent=sent).body()).encode()
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 401,
-                    "headers": [
-                        (b"content-type", b"application/json"),
-                        (b"www-authenticate", challenge(public_url, token_sent=sent).encode()),
-                    ],
-                }
+            await send_jsonrpc_error(
+                send,
+                unauthorized(public_url, token_sent=sent),
+                [(b"www-authenticate", challenge(public_url, token_sent=sent).encode())],
             )
-            await send({"type": "http.response.body", "body": body})
             return
         scope.setdefault("state", {})["account_id"] = caller.account_id
         reset = current_caller.set(caller)
@@ -189,3 +210,38 @@ class BearerAccountMiddleware:
             await self.app(scope, receive, send)
         finally:
             current_caller.reset(reset)
+
+
+async def _lookup_failed(send: Send, exc: Exception) -> None:
+    from walkeep.db import is_outage
+
+    if is_outage(exc):
+        log.warning("API key lookup: database unavailable: %s", type(exc).__name__)
+        await send_jsonrpc_error(
+            send,
+            ServiceUnavailable("Walkeep's database is unreachable; retry shortly"),
+            [(b"retry-after", b"5")],
+        )
+        return
+    log.error("API key lookup failed", exc_info=exc)
+    await send_jsonrpc_error(send, Internal("internal error; it was logged"))
+
+
+async def send_jsonrpc_error(
+    send: Send, err: WalkeepError, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    """Answer ``err`` with its HTTP status and a JSON-RPC error body (id null: the
+    request was refused before its body was read)."""
+    body = json.dumps(jsonrpc_body(err)).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": err.http_status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *(headers or []),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

@@ -13,14 +13,21 @@ HttpOnly, SameSite=Lax, Secure when the public URL is https, scoped to
 echoes in a hidden field (compared in constant time) — the sign-in forms too,
 through an anonymous pre-session. A session opened with an API key ends when
 that key is revoked; every session ends with its account being disabled.
+
+Signed-in sessions also have a row in ``console_sessions`` that the cookie names, so a
+session ends on the server: signing out ends it (a copied cookie stops working), and
+revoking a key ends the sessions opened with it and the account's link sessions. Sign-in attempts are throttled per client address and per target.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import hashlib
 import hmac
 import logging
+import math
 import os
 import re
 import secrets
@@ -39,12 +46,13 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup, escape
 from starlette.concurrency import run_in_threadpool
 
-from walkeep import __version__, ledger
+from walkeep import __version__, ids, ledger
 from walkeep.api import charts
 from walkeep.config import Settings
 from walkeep.errors import Internal, Unauthorized, WalkeepError
 from walkeep.service import accounts, alerts, statements, topup, verify
 from walkeep.service import console as svc
+from walkeep.service.ratelimit import RateLimiter
 from walkeep.service.runtime import Runtime
 from walkeep.service.views import short_duration
 
@@ -135,9 +143,16 @@ class Session:
     csrf: str
     account_id: str | None = None
     key_id: str | None = None
+    sid: str | None = None  # the console_sessions row of a signed-in session
 
     def dump(self) -> dict[str, Any]:
-        return {"r": self.role, "c": self.csrf, "a": self.account_id, "k": self.key_id}
+        return {
+            "r": self.role,
+            "c": self.csrf,
+            "a": self.account_id,
+            "k": self.key_id,
+            "s": self.sid,
+        }
 
 
 def load_console_secret(settings: Settings) -> str:
@@ -182,7 +197,13 @@ def _read_session(rt: Runtime, request: Request) -> Session | None:
         return None
     try:
         data = _serializer(rt).loads(raw, max_age=rt.settings.console_session_hours * 3600)
-        return Session(role=data["r"], csrf=data["c"], account_id=data["a"], key_id=data["k"])
+        return Session(
+            role=data["r"],
+            csrf=data["c"],
+            account_id=data["a"],
+            key_id=data["k"],
+            sid=data.get("s"),
+        )
     except (BadSignature, KeyError, TypeError):
         return None
 
@@ -255,13 +276,19 @@ async def _signed_in(rt: Runtime, request: Request, role: str | None = None) -> 
     session = _read_session(rt, request)
     if session is None or session.role == "anon":
         raise _Refused(401, "Signed out", "Sign in to continue.")
+    if session.role == "admin" and not await run_in_threadpool(
+        svc.session_open, rt.db, session.sid
+    ):
+        raise _Refused(401, "Signed out", "Your session ended; sign in again.")
     if session.role == "account":
         assert session.account_id is not None
         ok = await run_in_threadpool(
-            svc.session_still_valid, rt.db, session.account_id, session.key_id
+            svc.session_still_valid, rt.db, session.account_id, session.key_id, session.sid
         )
         if not ok:
-            raise _Refused(401, "Signed out", "Your session ended: the key was revoked.")
+            raise _Refused(
+                401, "Signed out", "Your session ended (signed out, or a key was revoked)."
+            )
     if session.role == "admin" and session.key_id is not None:
         # Opened with the admin token: rotating WALKEEP_ADMIN_TOKEN ends it.
         token = rt.settings.admin_token
@@ -342,6 +369,12 @@ async def static(name: str) -> Response:
 # --- sign-in / sign-out -----------------------------------------------------------------------
 
 
+@router.get("/console/", include_in_schema=False)
+async def console_slash() -> RedirectResponse:
+    """A relative redirect: never one built from the request's Host header."""
+    return RedirectResponse("/console", status_code=308)
+
+
 @router.get("/console", response_model=None)
 async def console_root(request: Request) -> Response:
     session = _read_session(_runtime(request), request)
@@ -379,6 +412,19 @@ async def login(request: Request) -> Response:
         return _refused(rt, request, exc)
     credential = form.get("credential", "").strip()
     admin_token = rt.settings.admin_token
+    wait = _sign_in_allowed(rt, request, credential)
+    if wait:
+        log.warning("console sign-in throttled")
+        throttled = _login_page(
+            rt,
+            request,
+            "console/login.html",
+            429,
+            admin=bool(admin_token),
+            error=f"Too many sign-in attempts; try again in {wait} s.",
+        )
+        throttled.headers["Retry-After"] = str(wait)
+        return throttled
     session: Session | None = None
     if admin_token and credential and hmac.compare_digest(credential, admin_token):
         session = Session(role="admin", csrf=_new_csrf(), key_id=_token_tag(admin_token))
@@ -404,8 +450,57 @@ async def login(request: Request) -> Response:
             error="That key was not recognised (unknown, revoked, or mistyped).",
         )
     response = RedirectResponse("/console", status_code=303)
-    _set_session(rt, response, session)
+    _set_session(rt, response, await _opened(rt, session))
     return response
+
+
+async def _opened(rt: Runtime, session: Session) -> Session:
+    """``session`` with its server-side row (console_sessions), so it can end there."""
+    sid = await run_in_threadpool(
+        functools.partial(
+            svc.open_session,
+            rt.db,
+            session.account_id,
+            hours=rt.settings.console_session_hours,
+            key_id=session.key_id if session.role == "account" else None,
+        )
+    )
+    return dataclasses.replace(session, sid=sid)
+
+
+SIGN_IN_PER_MINUTE = 10  # per client address and per target (a key's prefix, or the admin)
+
+
+def _sign_in_allowed(rt: Runtime, request: Request, credential: str) -> int:
+    """0, or the seconds before this client may try again.
+
+    Every attempt takes a token from two buckets: the client's address, and what it
+    tries to open (the admin, or the key's display prefix), so neither one client
+    guessing many targets nor many clients guessing one target gets more than
+    SIGN_IN_PER_MINUTE tries a minute (300 wrong admin-token guesses took 0.7 s).
+    """
+    limiter = rt.extras.get("console_sign_in")
+    if limiter is None:
+        limiter = rt.extras.setdefault(
+            "console_sign_in",
+            RateLimiter(
+                rt.settings.model_copy(
+                    update={
+                        "rate_limit_per_minute": SIGN_IN_PER_MINUTE,
+                        "rate_limit_burst": SIGN_IN_PER_MINUTE,
+                        "rate_limits": {},
+                    }
+                )
+            ),
+        )
+    client = request.client.host if request.client else "?"
+    try:
+        target = ids.api_key_display_prefix(credential)
+    except ValueError:
+        target = "admin"
+    now = rt.clock.time()
+    waits = [limiter.take(client, "sign-in:client", now), limiter.take(target, "sign-in", now)]
+    return math.ceil(max(waits))
 
 
 @router.get("/console/link/{token}", response_class=HTMLResponse)
@@ -438,7 +533,7 @@ async def link_redeem(request: Request) -> Response:
         else Session(role="account", csrf=_new_csrf(), account_id=grant.account_id)
     )
     response = RedirectResponse("/console", status_code=303)
-    _set_session(rt, response, session)
+    _set_session(rt, response, await _opened(rt, session))
     return response
 
 
@@ -446,9 +541,12 @@ async def link_redeem(request: Request) -> Response:
 async def logout(request: Request) -> Response:
     rt = _runtime(request)
     try:
-        _check_csrf(_read_session(rt, request), await _form(request))
+        session = _check_csrf(_read_session(rt, request), await _form(request))
     except _Refused as exc:
         return _refused(rt, request, exc)
+    if session.sid:
+        # Server-side: a copy of the cookie taken before sign-out no longer works.
+        await run_in_threadpool(svc.end_session, rt.db, session.sid)
     response = RedirectResponse("/console/login", status_code=303)
     _clear_session(rt, response)
     return response

@@ -9,6 +9,14 @@ chunk by chunk. A wrapped ``receive`` is the only place that does both.
 once (nothing read), and otherwise reads the body into memory *up to the cap*
 before calling the app, answering 413 the moment a streamed body crosses it.
 So one request costs at most its route's cap, whatever the client sends.
+
+Time and count are bounded too: the whole body must arrive within ``read_seconds``
+(a client trickling a byte every few seconds is answered 408 and dropped, instead of
+holding a connection and a buffer for minutes), and at most ``guest_slots`` bodies from
+callers without a known API key are read at once (the rest are answered 503 with
+``Retry-After`` without reading anything). A caller whose bearer key is in the key
+cache is never counted as a guest, so a flood of anonymous slow bodies cannot starve
+the agents that hold keys.
 """
 
 from __future__ import annotations
@@ -18,10 +26,13 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
+import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from walkeep.logs import redact
 
 log = logging.getLogger("walkeep.access")
 
@@ -82,12 +93,67 @@ async def _send_413(send: Send, limit: int) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-class BodyLimit:
-    """Cap every request body before anything reads it (413 with the error envelope)."""
+async def _send_error(
+    send: Send, status: int, code: str, message: str, headers: Sequence[tuple[bytes, bytes]]
+) -> None:
+    body = _envelope(code, message, {})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
-    def __init__(self, app: ASGIApp, limits: BodyLimits) -> None:
+
+@dataclass
+class GuestGate:
+    """How many bodies of callers without a known key are being read right now.
+
+    Shared by every BodyLimit of one app (the ordinary routes and the ``/mcp`` fast
+    path). ``known`` says whether a request carries a key the server already accepted
+    (the key cache); the event loop is single-threaded, so a plain counter suffices.
+    """
+
+    slots: int
+    known: Callable[[Scope], bool] = lambda _scope: False
+    in_flight: int = field(default=0, init=False)
+
+    def enter(self, scope: Scope) -> bool | None:
+        """None: not a guest (no slot needed); True: a slot taken; False: none free."""
+        if self.known(scope):
+            return None
+        if self.in_flight >= self.slots:
+            return False
+        self.in_flight += 1
+        return True
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+
+
+class BodyLimit:
+    """Cap every request body before anything reads it (413 with the error envelope),
+    in size, in time (408) and, for callers without a known key, in number (503)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        limits: BodyLimits,
+        *,
+        read_seconds: float = 30.0,
+        guests: GuestGate | None = None,
+    ) -> None:
         self.app = app
         self.limits = limits
+        self.read_seconds = read_seconds
+        self.guests = guests
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -105,22 +171,47 @@ class BodyLimit:
         if declared is not None and declared > limit:
             await _send_413(send, limit)
             return
+        slot = self.guests.enter(scope) if self.guests is not None else None
+        if slot is False:
+            await _send_error(
+                send,
+                503,
+                "SERVICE_UNAVAILABLE",
+                "too many requests without a known API key are in progress; retry shortly",
+                [(b"retry-after", b"1")],
+            )
+            return
         chunks: list[bytes] = []
         size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return  # the client left before sending its body: nothing to answer
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                chunks.clear()
-                await _send_413(send, limit)
-                return
-            if chunk:
-                chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
+        try:
+            with anyio.move_on_after(self.read_seconds) as deadline:
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return  # the client left before sending its body: nothing to answer
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > limit:
+                        chunks.clear()
+                        await _send_413(send, limit)
+                        return
+                    if chunk:
+                        chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        break
+        finally:
+            if slot:
+                self.guests.leave()  # type: ignore[union-attr]
+        if deadline.cancelled_caught:
+            chunks.clear()
+            await _send_error(
+                send,
+                408,
+                "VALIDATION_ERROR",
+                f"the request body did not arrive within {self.read_seconds:g} s",
+                [],
+            )
+            return
         body = b"".join(chunks)
         chunks.clear()
         replayed = False
@@ -149,7 +240,8 @@ class RequestLog:
     A well-formed incoming ``X-Request-Id`` (≤128 of ``[A-Za-z0-9._:-]``) is
     kept so a caller can correlate its own logs; anything else gets a fresh
     id. The id is echoed on the response and stored in ``scope["state"]``.
-    The line never carries headers, bodies or query strings (keys, content).
+    The line never carries headers, bodies or query strings (keys, content), and its
+    path is redacted (:func:`walkeep.logs.redact`).
     """
 
     def __init__(self, app: ASGIApp) -> None:
@@ -190,19 +282,22 @@ class RequestLog:
             raise
         finally:
             state = scope.get("state") or {}
+            # Paths carry capabilities (/console/link/<one-time token>, checkout ids):
+            # the record itself holds the redacted form, whatever handler reads it.
+            path = redact(scope.get("path", ""))
             # Probes (load balancers poll these every few seconds) are logged only at
             # debug level, so they never drown the requests people read logs for.
-            probe = scope.get("path", "") in _PROBES and (status or 500) < 400
+            probe = path in _PROBES and (status or 500) < 400
             log.log(
                 logging.DEBUG if probe else logging.INFO,
                 "%s %s %s",
                 scope.get("method", ""),
-                scope.get("path", ""),
+                path,
                 status or "-",
                 extra={
                     "request_id": request_id,
                     "method": scope.get("method", ""),
-                    "path": scope.get("path", ""),
+                    "path": path,
                     "status": status or None,
                     "duration_ms": round((time.perf_counter() - started) * 1000, 1),
                     "response_bytes": sent,
@@ -210,3 +305,145 @@ class RequestLog:
                     "client": (scope.get("client") or ("", 0))[0],
                 },
             )
+
+
+# Headers every HTML page gets unless it set its own: no framing (clickjacking of the
+# checkout's Pay button, the console's forms), no MIME sniffing, and no caching — pages
+# carry one-time tokens (checkout pay tokens, console CSRF tokens, sign-in links).
+PAGE_HEADERS: tuple[tuple[bytes, bytes], ...] = (
+    (b"x-frame-options", b"DENY"),
+    (b"content-security-policy", b"frame-ancestors 'none'"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"cache-control", b"no-store"),
+    (b"referrer-policy", b"no-referrer"),
+)
+
+
+class PageHeaders:
+    """Pure ASGI: add :data:`PAGE_HEADERS` to every ``text/html`` response.
+
+    One place for every page (checkout, ``/topup/done``, the local explorer, ``/docs``,
+    the console) instead of a header list per router that a new page can forget.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_wrapper(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                names = {k.lower() for k, _ in headers}
+                content_type = next((v for k, v in headers if k.lower() == b"content-type"), b"")
+                if content_type.startswith(b"text/html"):
+                    headers += [(k, v) for k, v in PAGE_HEADERS if k not in names]
+                    message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_wrapper)
+
+
+# A JSON \\uD800-\\uDFFF escape: the only way a lone surrogate reaches us in UTF-8 JSON.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _lone_surrogate_field(value: object, path: str = "") -> str | None:
+    """The first field (top-level argument name) whose keys or text hold a lone surrogate."""
+    if isinstance(value, str):
+        return path if any(0xD800 <= ord(c) <= 0xDFFF for c in value) else None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            here = path or str(k)
+            if _lone_surrogate_field(str(k), here) or _lone_surrogate_field(v, here):
+                return here
+    if isinstance(value, list):
+        for v in value:
+            found = _lone_surrogate_field(v, path)
+            if found:
+                return found
+    return None
+
+
+class SurrogateGuard:
+    """Pure ASGI, in front of the MCP app: a lone surrogate is VALIDATION_ERROR, as on REST.
+
+    UTF-8 cannot carry an unpaired surrogate, but a JSON ``\\uD800`` escape can; the MCP
+    SDK's parser refuses it with a bare JSON-RPC parse error, so an agent got -32700
+    where REST answers VALIDATION_ERROR naming the field. Python's own parser accepts such
+    escapes, so the request is read here only when the raw body has a surrogate escape
+    at all (paired ones, emoji, pass through untouched), and a ``tools/call`` is answered
+    with the same ``isError`` tool result the tools give.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        while True:  # BodyLimit has buffered the body: this is one message
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        reply = _surrogate_reply(body) if _SURROGATE_ESCAPE.search(body) else None
+        if reply is not None:
+            status, payload = reply
+            data = json.dumps(payload).encode()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": status,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(data)).encode()),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": data})
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def _surrogate_reply(body: bytes) -> tuple[int, dict[str, object]] | None:
+    from walkeep.errors import ValidationError, jsonrpc_body
+    from walkeep.mcp.server import error_result
+
+    try:
+        request = json.loads(body)
+    except ValueError:
+        return None  # not JSON at all: the SDK answers that itself
+    if not isinstance(request, dict):
+        return None
+    params = request.get("params")
+    arguments = params.get("arguments") if isinstance(params, dict) else None
+    field = _lone_surrogate_field(arguments if isinstance(arguments, dict) else params)
+    if field is None:
+        return None
+    # The same words and data as walkeep.ids.check_text gives REST and the tools.
+    err = ValidationError(
+        f"{field} must not contain an unpaired surrogate (U+D800–U+DFFF)",
+        {"field": field, "reason": "unstorable_character"},
+    )
+    if request.get("method") == "tools/call":
+        result = error_result(err).model_dump(mode="json", by_alias=True, exclude_none=True)
+        return 200, {"jsonrpc": "2.0", "id": request.get("id"), "result": result}
+    return 400, jsonrpc_body(err, request.get("id"))

@@ -27,7 +27,7 @@ from starlette.concurrency import run_in_threadpool
 
 from walkeep.api.console import operator_for
 from walkeep.errors import NotFound, WalkeepError
-from walkeep.payments.base import InvalidSignature
+from walkeep.payments.base import InvalidSignature, MalformedEvent
 from walkeep.service.runtime import Runtime
 from walkeep.service.topup import (
     CheckoutStatus,
@@ -57,6 +57,11 @@ async def stripe_webhook(request: Request) -> JSONResponse:
     signature = request.headers.get("stripe-signature")
     try:
         outcome = await run_in_threadpool(handle_stripe_webhook, rt, body, signature)
+    except MalformedEvent as exc:
+        # Signed by Stripe, so not a forgery: say what is wrong with it (retrying the
+        # same body can never succeed, hence 400), not that the signature failed.
+        log.warning("rejected webhook: %s", exc)
+        return JSONResponse({"received": False, "error": "invalid_payload"}, status_code=400)
     except InvalidSignature as exc:
         log.warning("rejected webhook: %s", exc)
         return JSONResponse({"received": False, "error": "invalid_signature"}, status_code=400)

@@ -736,6 +736,28 @@ def rowcount(result: Any) -> int:
     return int(getattr(result, "rowcount", 0) or 0)
 
 
+def insert_if_absent(
+    session: Session, table: Table, row: Mapping[str, Any], key: Sequence[str]
+) -> Any | None:
+    """``INSERT … ON CONFLICT (key) DO NOTHING RETURNING`` the primary key: the new row's
+    id, or None when a row with that key exists (or is being inserted by a transaction
+    that then commits).
+
+    Why: between processes, a check-then-insert fails the whole transaction with a
+    unique-key violation when another process inserts in between, and an insert caught
+    as IntegrityError still makes PostgreSQL log the violation and abort a savepoint.
+    ON CONFLICT makes the second inserter a no-op on both databases.
+    """
+    from sqlalchemy.dialects.postgresql import insert as pg_insert
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    pg = session.get_bind().dialect.name == "postgresql"
+    stmt = (pg_insert if pg else sqlite_insert)(table).values(**row)
+    (pk,) = table.primary_key.columns
+    ignoring = stmt.on_conflict_do_nothing(index_elements=list(key)).returning(pk)
+    return session.execute(ignoring).scalar_one_or_none()
+
+
 def insert_rows(session: Session, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
     """Insert plain rows (every row with the same keys) in one statement.
 

@@ -462,6 +462,27 @@ class DataKey(Base):
     created_at: Mapped[datetime]
 
 
+class ConsoleSession(Base):
+    """A signed-in console session, so that it can end on the server.
+
+    The cookie is signed, but a signature alone keeps working for its whole lifetime
+    wherever the cookie is copied; the cookie names this row, and a session is good only
+    while the row is open. Signing out ends it; revoking a key ends the sessions opened
+    with that key and the account's sessions opened by sign-in link (a revocation is how
+    an operator answers a leak). ``account_id`` NULL is an
+    admin session; ``key_id`` is the API key it was opened with (NULL: a sign-in link).
+    """
+
+    __tablename__ = "console_sessions"
+
+    id: Mapped[str] = mapped_column(String(48), primary_key=True)
+    account_id: Mapped[str | None] = mapped_column(ForeignKey("accounts.id"), index=True)
+    key_id: Mapped[str | None] = mapped_column(String(32))
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
+    ended_at: Mapped[datetime | None]
+
+
 class ConsoleLink(Base):
     """A one-time console sign-in link (``walkeep console-link``).
 

@@ -76,9 +76,7 @@ class Shard:
     # and of the segment's rows per namespace (dropped only when blobs die: at a million
     # rows they cost milliseconds, and rows arrive far more often than memories die).
     _cache: dict[str, object] = field(default_factory=dict)
-    _seg_cache: dict[str, tuple[np.ndarray, np.ndarray | None, float]] = field(
-        default_factory=dict
-    )
+    _seg_cache: dict[str, tuple[np.ndarray, np.ndarray | None, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         seg = self.segment

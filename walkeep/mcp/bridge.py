@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from walkeep import __version__
-from walkeep.errors import ConfigurationError
+from walkeep.errors import ConfigurationError, envelope_of
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +48,14 @@ def probe(url: str, api_key: str) -> dict[str, Any] | None:
         raise ConfigurationError(f"cannot reach {url}: {exc}") from exc
     if r.status_code == 401:
         try:
-            body = r.json()
+            envelope = envelope_of(r.json())  # a JSON-RPC error, or an older server's envelope
         except ValueError:
-            body = {}
-        if not isinstance(body, dict) or "code" not in body:
-            body = {"code": "UNAUTHORIZED", "message": r.text[:200] or "refused", "data": {}}
-        return body
+            envelope = None
+        return envelope or {
+            "code": "UNAUTHORIZED",
+            "message": r.text[:200] or "refused",
+            "data": {},
+        }
     if r.status_code in (404, 405):
         raise ConfigurationError(
             f"{url} answered {r.status_code}: is this a Walkeep MCP endpoint? "

@@ -241,6 +241,15 @@ def build_scheduler(rt: Runtime, *, blocking: bool) -> BaseScheduler:
             next_run_time=datetime.now().astimezone(),
         )
     sched.add_job(heartbeat, "interval", seconds=HEARTBEAT_SECONDS, id="heartbeat")
+    from walkeep.egress import start_notice
+
+    policy = rt.settings.egress_policy
+    notice = start_notice(policy, default=rt.settings.alert_egress_allow is None)
+    # Said at start, loudly when tenants' webhooks may reach beyond the public internet.
+    log.log(
+        logging.WARNING if policy.networks or policy.hosts else logging.INFO,
+        f"alert webhooks may reach {notice}",
+    )
     return sched
 
 

@@ -10,12 +10,12 @@ import unicodedata
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 
 from walkeep import ids, ledger
 from walkeep.db import Database
-from walkeep.db.models import Account, ApiKey
+from walkeep.db.models import Account, ApiKey, ConsoleSession
 from walkeep.errors import NotFound, Unauthorized, ValidationError
 from walkeep.ledger import Kind
 from walkeep.service.renew import resume_paused
@@ -123,6 +123,18 @@ def revoke_key(db: Database, prefix: str) -> str:
             raise NotFound(f"no API key with prefix {prefix!r}", {"prefix": prefix})
         if row.revoked_at is None:
             row.revoked_at = db.clock.now()
+            # Its console sessions end with it, and the account's link sessions too: no
+            # key vouches for them any more (a revocation is how an operator answers a
+            # leak). Sessions opened with the account's other keys stay.
+            s.execute(
+                update(ConsoleSession)
+                .where(
+                    ConsoleSession.account_id == row.account_id,
+                    ConsoleSession.ended_at.is_(None),
+                    (ConsoleSession.key_id == row.id) | ConsoleSession.key_id.is_(None),
+                )
+                .values(ended_at=row.revoked_at)
+            )
         return row.account_id
 
 

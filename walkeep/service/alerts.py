@@ -13,12 +13,19 @@ its cause was committed: none is lost on a crash, none is invented by a
 rolled-back change. Accounts without a webhook get no rows at all.
 
 The worker job ``deliver_alerts`` (:func:`deliver_alerts`) first evaluates
-``balance.low`` for every account with a webhook, then POSTs due events with
-httpx: short timeouts, exponential backoff with a cap, at least once (a crash
-after a send and before its record re-sends after a lease), each attempt
-recorded in ``alert_deliveries``. Receivers deduplicate on the event id; the
-body is stored once, so every retry sends the same bytes. Tool calls never
-wait for any of this.
+``balance.low`` for every account with a webhook, then POSTs due events through
+the egress policy (:mod:`walkeep.egress`: no private addresses unless the operator
+allows them, the checked address is the one connected to, no redirects, one total
+deadline per delivery, a few KiB read back). Accounts are delivered concurrently
+(``alert_concurrency`` in flight), each account's events one after another, so a
+slow or hostile receiver holds back only its own account; a failure backs the whole
+account off (30 s, 60 s, … capped), not just the event. At least once: a crash
+after a send and before its record re-sends after a lease. Each attempt is
+recorded in ``alert_deliveries`` with a coarse outcome (``delivered``, ``refused by
+policy``, ``unreachable``, ``timed out``, ``HTTP 5xx``), never exception text: the
+tenant reads it, and exception text would make the worker a port scanner.
+Receivers deduplicate on the event id; the body is stored once, so every retry
+sends the same bytes. Tool calls never wait for any of this.
 
 Signature: ``Walkeep-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret,
 "<t>." + body)>`` — Stripe's scheme, so receivers can reuse their code.
@@ -26,22 +33,22 @@ Signature: ``Walkeep-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret,
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
 import logging
 import secrets
-import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
-from walkeep import ledger
+from walkeep import egress, ledger
 from walkeep.db.models import Account, AlertDelivery, AlertEvent, AlertSettings
 from walkeep.errors import NotFound, ValidationError
 from walkeep.ids import _token
@@ -135,6 +142,23 @@ def validate_url(url: object) -> str:
     return url
 
 
+def check_egress(rt: Runtime, url: str) -> None:
+    """Save-time half of the egress policy: VALIDATION_ERROR for a non-public receiver.
+
+    The message does not repeat what the host resolved to: a tenant learns that the
+    URL is refused, not the layout of the operator's network.
+    """
+    try:
+        egress.check_url(url, rt.settings.egress_policy)
+    except egress.EgressRefused as exc:
+        log.info("alert webhook refused at save time: %s", exc)
+        raise ValidationError(
+            "url is refused by policy: alert webhooks may only reach public addresses "
+            "(the operator can allow private receivers with WALKEEP_ALERT_EGRESS_ALLOW)",
+            {"url": url, "outcome": egress.REFUSED},
+        ) from None
+
+
 def _threshold(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValidationError("threshold_epochs must be an integer", {"threshold_epochs": value})
@@ -150,6 +174,29 @@ def _hint(secret: str) -> str:
     return "whsec_…" + secret[-4:]
 
 
+def _master_key(rt: Runtime) -> bytes:
+    key = rt.extras.get("master_key")
+    if key is None:
+        from walkeep.crypto import load_master_key
+
+        key = rt.extras.setdefault("master_key", load_master_key(rt.settings))
+    assert isinstance(key, bytes)
+    return key
+
+
+def _seal(rt: Runtime, account_id: str, secret: str) -> str:
+    """Signing secrets are stored sealed under the master key (walkeep.crypto)."""
+    from walkeep.crypto import seal_secret
+
+    return seal_secret(_master_key(rt), secret, context=f"alert-secret:{account_id}")
+
+
+def _open(rt: Runtime, account_id: str, stored: str) -> str:
+    from walkeep.crypto import open_secret
+
+    return open_secret(_master_key(rt), stored, context=f"alert-secret:{account_id}")
+
+
 def set_alert_webhook(
     rt: Runtime, account_id: str, url: str, threshold_epochs: int | None = None
 ) -> str:
@@ -161,8 +208,10 @@ def set_alert_webhook(
     the new secret.
     """
     url = validate_url(url)
+    check_egress(rt, url)
     threshold = None if threshold_epochs is None else _threshold(threshold_epochs)
     secret = "whsec_" + secrets.token_urlsafe(32)
+    sealed = _seal(rt, account_id, secret)
     now = rt.clock.now()
     with rt.db.begin() as s:
         if s.get(Account, account_id) is None:
@@ -173,7 +222,7 @@ def set_alert_webhook(
                 AlertSettings(
                     account_id=account_id,
                     url=url,
-                    secret=secret,
+                    secret=sealed,
                     threshold_epochs=threshold or DEFAULT_THRESHOLD_EPOCHS,
                     balance_low=False,
                     created_at=now,
@@ -182,7 +231,7 @@ def set_alert_webhook(
             )
         else:
             row.url = url
-            row.secret = secret
+            row.secret = sealed
             if threshold is not None and threshold != row.threshold_epochs:
                 row.threshold_epochs = threshold
                 row.balance_low = False  # re-evaluated against the new threshold
@@ -219,7 +268,7 @@ def get_alert_settings(rt: Runtime, account_id: str) -> AlertSettingsView | None
             account_id=row.account_id,
             url=row.url,
             threshold_epochs=row.threshold_epochs,
-            secret_hint=_hint(row.secret),
+            secret_hint=_hint(_open(rt, account_id, row.secret)),
             balance_low=row.balance_low,
             pending_events=int(pending or 0),
             created_at=row.created_at,
@@ -255,7 +304,7 @@ def recent_deliveries(rt: Runtime, account_id: str, limit: int = 20) -> list[Del
             attempt=r[2],
             ok=r[3] is not None and 200 <= r[3] < 300,
             status_code=r[3],
-            error=r[4],
+            error=_coarse(r[3], r[4]),
             duration_ms=r[5],
             attempted_at=r[6],
             url=r[7],
@@ -263,6 +312,16 @@ def recent_deliveries(rt: Runtime, account_id: str, limit: int = 20) -> list[Del
         )
         for r in rows
     ]
+
+
+def _coarse(status_code: int | None, error: str | None) -> str | None:
+    """What a tenant may read of an attempt; rows written before the egress policy
+    kept exception text (``ConnectError: [Errno 111] …``), shown here as unreachable."""
+    if error is None or error in egress.COARSE_OUTCOMES:
+        return error
+    if status_code is not None:
+        return egress.http_outcome(status_code)
+    return egress.UNREACHABLE
 
 
 # --- the outbox -------------------------------------------------------------------------------
@@ -403,8 +462,26 @@ class _Due:
 
 
 def _claim(rt: Runtime, limit: int, event_id: str | None) -> list[_Due]:
-    """Take due events and lease them, so another worker skips them meanwhile."""
+    """Take due events and lease them, so another worker skips them meanwhile.
+
+    At most ``alert_batch_per_account`` per account (each account's oldest first), so
+    one account's flood of events neither fills the batch nor keeps a lease longer
+    than its deliveries can take (10 × a 10 s deadline is well inside the lease).
+    """
     now = rt.clock.now()
+    due_now = (
+        AlertEvent.id == event_id if event_id else AlertEvent.next_attempt_at <= now,
+        AlertEvent.status == "pending",
+    )
+    order = (AlertEvent.next_attempt_at, AlertEvent.created_at, AlertEvent.id)
+    ranked = (
+        select(
+            AlertEvent.id,
+            func.row_number().over(partition_by=AlertEvent.account_id, order_by=order).label("n"),
+        )
+        .where(*due_now)
+        .subquery()
+    )
     q = (
         select(
             AlertEvent.id,
@@ -415,14 +492,14 @@ def _claim(rt: Runtime, limit: int, event_id: str | None) -> list[_Due]:
             AlertSettings.secret,
         )
         .join(AlertSettings, AlertSettings.account_id == AlertEvent.account_id)
-        .where(AlertEvent.status == "pending")
-        .order_by(AlertEvent.next_attempt_at, AlertEvent.created_at, AlertEvent.id)
+        .where(
+            *due_now,
+            AlertEvent.id.in_(
+                select(ranked.c.id).where(ranked.c.n <= rt.settings.alert_batch_per_account)
+            ),
+        )
+        .order_by(*order)
         .limit(limit)
-    )
-    q = (
-        q.where(AlertEvent.id == event_id)
-        if event_id
-        else q.where(AlertEvent.next_attempt_at <= now)
     )
     if rt.db.is_postgres:
         q = q.with_for_update(skip_locked=True, of=AlertEvent)
@@ -437,62 +514,96 @@ def _claim(rt: Runtime, limit: int, event_id: str | None) -> list[_Due]:
     return due
 
 
-def _post(client: httpx.Client, rt: Runtime, due: _Due) -> tuple[int | None, str | None, int]:
-    body = due.body.encode()
-    headers = {
+def _headers(rt: Runtime, due: _Due, body: bytes) -> dict[str, str]:
+    return {
         "Content-Type": "application/json",
         "User-Agent": "Walkeep-Alerts/1",
         "Walkeep-Event-Id": due.event_id,
-        SIGNATURE_HEADER: sign(due.secret, int(rt.clock.time()), body),
+        SIGNATURE_HEADER: sign(_open(rt, due.account_id, due.secret), int(rt.clock.time()), body),
     }
-    started = time.perf_counter()
-    try:
-        resp = client.post(due.url, content=body, headers=headers)
-        code: int | None = resp.status_code
-        error = None if 200 <= resp.status_code < 300 else f"HTTP {resp.status_code}"
-    except httpx.HTTPError as exc:
-        code, error = None, f"{type(exc).__name__}: {exc}"[:500]
-    return code, error, int((time.perf_counter() - started) * 1000)
 
 
 def deliver_alerts(rt: Runtime, *, limit: int = 100, event_id: str | None = None) -> DeliverReport:
     """The ``deliver_alerts`` job: evaluate balance.low, then send what is due.
 
     With ``event_id``, send just that pending event now (``walkeep alerts test``).
+    Runs its own event loop: it is called from the scheduler's thread and the CLI.
     """
     report = DeliverReport()
     if event_id is None:
         report.low_balance_fired = check_low_balances(rt)
-    settings = rt.settings
     due = _claim(rt, limit, event_id)
-    if not due:
-        return report
-    timeout = httpx.Timeout(settings.alert_timeout_seconds, connect=settings.alert_timeout_seconds)
-    with httpx.Client(timeout=timeout, follow_redirects=False) as client:
-        for d in due:
-            code, error, ms = _post(client, rt, d)
-            _record(rt, d, code, error, ms, report)
+    if due:
+        asyncio.run(_deliver(rt, due, report))
     return report
 
 
-def _record(
-    rt: Runtime, d: _Due, code: int | None, error: str | None, ms: int, report: DeliverReport
-) -> None:
+async def _deliver(rt: Runtime, due: Sequence[_Due], report: DeliverReport) -> None:
+    """Every account's events at once (bounded), each account's in order.
+
+    An account stops at its first failure: its other claimed events are released
+    with the same back-off, so a receiver that is down is not sent N events in a row.
+    """
+    by_account: dict[str, list[_Due]] = {}
+    for d in due:
+        by_account.setdefault(d.account_id, []).append(d)
+    gate = asyncio.Semaphore(rt.settings.alert_concurrency)
+    policy = rt.settings.egress_policy
+
+    async def account(events: list[_Due]) -> None:
+        for i, d in enumerate(events):
+            body = d.body.encode()
+            async with gate:
+                sent = await egress.send(
+                    d.url,
+                    body=body,
+                    headers=_headers(rt, d, body),
+                    policy=policy,
+                    deadline_seconds=rt.settings.alert_timeout_seconds,
+                    max_response_bytes=rt.settings.alert_max_response_bytes,
+                    transport=rt.extras.get("alert_transport"),
+                )
+            if sent.detail:
+                log.info(
+                    "alert %s to account %s: %s (%s)",
+                    d.event_id,
+                    d.account_id,
+                    sent.outcome,
+                    sent.detail,
+                )
+            rest = [e.event_id for e in events[i + 1 :]]
+            state = await asyncio.to_thread(_record, rt, d, sent, rest if not sent.ok else [])
+            report.attempted += 1
+            report.event_ids.append(d.event_id)
+            if state == "delivered":
+                report.delivered += 1
+            elif state == "failed":
+                report.gave_up += 1
+            else:
+                report.retrying += 1
+            if not sent.ok:
+                return
+
+    await asyncio.gather(*(account(events) for events in by_account.values()))
+
+
+def _record(rt: Runtime, d: _Due, sent: egress.Sent, released: list[str]) -> str:
+    """Record one attempt; on failure, back the account off. Returns the event's state:
+    ``delivered``, ``retrying`` or ``failed`` (given up)."""
     now = rt.clock.now()
     attempt = d.attempts + 1
-    ok = error is None
     values: dict[str, Any] = {"attempts": attempt}
-    if ok:
+    state = "retrying"
+    delay = backoff_seconds(attempt, rt.settings.alert_backoff_cap_seconds)
+    if sent.ok:
         values.update(status="delivered", delivered_at=now)
-        report.delivered += 1
+        state = "delivered"
     elif attempt >= rt.settings.alert_max_attempts:
         values.update(status="failed")
-        report.gave_up += 1
-        log.error("alert %s dropped after %d attempts: %s", d.event_id, attempt, error)
+        state = "failed"
+        log.error("alert %s dropped after %d attempts: %s", d.event_id, attempt, sent.outcome)
     else:
-        delay = backoff_seconds(attempt, rt.settings.alert_backoff_cap_seconds)
         values.update(next_attempt_at=now + timedelta(seconds=delay))
-        report.retrying += 1
     with rt.db.begin() as s:
         s.add(
             AlertDelivery(
@@ -500,9 +611,9 @@ def _record(
                 account_id=d.account_id,
                 url=d.url[:MAX_URL_CHARS],
                 attempt=attempt,
-                status_code=code,
-                error=error,
-                duration_ms=ms,
+                status_code=sent.status_code,
+                error=None if sent.ok else sent.outcome,
+                duration_ms=sent.duration_ms,
                 attempted_at=now,
             )
         )
@@ -511,5 +622,20 @@ def _record(
             .where(AlertEvent.id == d.event_id, AlertEvent.status == "pending")
             .values(**values)
         )
-    report.attempted += 1
-    report.event_ids.append(d.event_id)
+        if not sent.ok:
+            # The receiver is failing: the account's other events wait as long as this
+            # one (claimed ones give their lease back now; none is moved earlier).
+            later = now + timedelta(seconds=delay)
+            pending = (AlertEvent.account_id == d.account_id, AlertEvent.status == "pending")
+            if released:
+                s.execute(
+                    update(AlertEvent)
+                    .where(*pending, AlertEvent.id.in_(released))
+                    .values(next_attempt_at=later)
+                )
+            s.execute(
+                update(AlertEvent)
+                .where(*pending, AlertEvent.id != d.event_id, AlertEvent.next_attempt_at < later)
+                .values(next_attempt_at=later)
+            )
+    return state

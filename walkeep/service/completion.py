@@ -28,11 +28,11 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import bindparam, insert, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import bindparam, select, update
 
 from walkeep import ledger, lifecycle
 from walkeep.backends.base import BlobObject, JobState, JobStatus
+from walkeep.db import insert_if_absent
 from walkeep.db.models import Blob, Memory, Request, table
 from walkeep.errors import WalkeepError
 from walkeep.lifecycle import BlobStatus, MemoryStatus
@@ -363,7 +363,6 @@ _SHARED_BLOB = (
     .order_by(_B.c.end_epoch.desc())
     .limit(1)
 )
-_INSERT_BLOB = insert(_B).returning(_B.c.id)
 # A kept (landed, not forgotten, not lapsed) packed copy of the same content.
 _KEPT_COPY = (
     select(_M.c.blob_pk, _M.c.blob_id, _M.c.share_micro)
@@ -407,10 +406,11 @@ def upsert_blob(  # type: ignore[no-untyped-def]
     # A duplicate object of content we already keep alive is left to lapse.
     status = BlobStatus.LIVE if live and shared is None else BlobStatus.ORPHAN
     row = lifecycle.blob_row(obj, account_id, status, now, threshold, patch_count=patch_count)
-    try:
-        with s.begin_nested():
-            new_id = s.execute(_INSERT_BLOB, row).scalar_one()
-    except IntegrityError:
+    # ON CONFLICT, not an insert caught as IntegrityError: another process (a second
+    # web process's completer, or the sweep recording it as an orphan) may have
+    # inserted this object meanwhile; then its row is the one.
+    new_id = insert_if_absent(s, _B, row, ["blob_object_id"])
+    if new_id is None:
         again = s.scalar(
             _BLOB_BY_OBJECT.with_only_columns(_B.c.id), {"p_object": obj.blob_object_id}
         )

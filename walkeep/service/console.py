@@ -27,6 +27,7 @@ from walkeep.db.models import (
     Blob,
     CheckoutSession,
     ConsoleLink,
+    ConsoleSession,
     JobRun,
     LedgerEntry,
     Memory,
@@ -705,9 +706,58 @@ def redeem_console_link(db: Database, token: str) -> ConsoleLinkGrant:
     return ConsoleLinkGrant(account_id)
 
 
-def session_still_valid(db: Database, account_id: str, key_id: str | None) -> bool:
-    """A console session lives only while its account is enabled and, when it was opened
-    with an API key, while that key is not revoked (revoking a key signs its sessions out)."""
+def open_session(
+    db: Database, account_id: str | None, *, hours: int, key_id: str | None = None
+) -> str:
+    """Record a new signed-in session (``account_id`` None: admin; ``key_id`` None: by a
+    sign-in link); returns its id, which the signed cookie carries."""
+    sid = "cs_" + secrets.token_urlsafe(30)
+    now = db.clock.now()
+    with db.begin() as s:
+        s.add(
+            ConsoleSession(
+                id=sid,
+                account_id=account_id,
+                key_id=key_id,
+                created_at=now,
+                expires_at=now + timedelta(hours=hours),
+                ended_at=None,
+            )
+        )
+    return sid
+
+
+def end_session(db: Database, sid: str) -> None:
+    """Sign-out: the session ends here, whatever copies of its cookie exist."""
+    with db.begin() as s:
+        s.execute(
+            update(ConsoleSession)
+            .where(ConsoleSession.id == sid, ConsoleSession.ended_at.is_(None))
+            .values(ended_at=db.clock.now())
+        )
+
+
+def session_open(db: Database, sid: str | None) -> bool:
+    """Whether the session row exists, has not ended and has not expired."""
+    if not sid:
+        return False
+    with db.read() as s:
+        row = s.execute(
+            select(ConsoleSession.ended_at, ConsoleSession.expires_at).where(
+                ConsoleSession.id == sid
+            )
+        ).one_or_none()
+    return row is not None and row[0] is None and row[1] > db.clock.now()
+
+
+def session_still_valid(
+    db: Database, account_id: str, key_id: str | None, sid: str | None = None
+) -> bool:
+    """A console session lives only while its row is open (:func:`session_open`), its
+    account is enabled and, when it was opened with an API key, while that key is not
+    revoked (revoking a key signs its sessions out)."""
+    if not session_open(db, sid):
+        return False
     with db.read() as s:
         disabled = s.execute(
             select(Account.disabled_at).where(Account.id == account_id)

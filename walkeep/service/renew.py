@@ -41,9 +41,9 @@ import logging
 import os
 import socket
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -76,6 +76,7 @@ from walkeep.lifecycle import BlobStatus, MemoryStatus
 from walkeep.service import alerts
 from walkeep.service.renewal_price import (
     ACTIVE_ONLY,
+    KEPT,
     blob_renewal_cost_mc,
     quilt_shares,
 )
@@ -261,6 +262,9 @@ def _renew(rt: Runtime, *, max_batches: int | None, worker: str | None) -> Renew
     batches = 0
     cursor: _Cursor | None = None
     stop = rt.extras.get("stop")
+    submission_lock: Callable[[], AbstractContextManager[object]] = getattr(
+        rt.chain, "submission_lock", nullcontext
+    )
     # Batch N is recorded on this thread pool while batch N+1 is claimed: the record's
     # round trips overlap the claim's work (one record in flight at a time).
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="walkeep-record") as recorder:
@@ -270,17 +274,22 @@ def _renew(rt: Runtime, *, max_batches: int | None, worker: str | None) -> Renew
                 if stop is not None and stop.is_set():
                     break  # graceful shutdown: the batch in hand is recorded below
                 current = rt.chain.current_epoch()
-                claim = _claim_batch(rt, current, worker, report, cursor)
-                if claim is None:
-                    break
-                batches += 1
-                cursor = claim.cursor
-                if recording is not None:
-                    # Its errors surface here, before this batch goes to the chain: the
-                    # batch is then left an unsubmitted intent, as a crash would leave it.
-                    done, recording = recording, None
-                    done.result()
-                effects = _submit(rt, claim, report)
+                # Prepare → execute under the wallet's submitter lock where the chain has
+                # one (the local network's gas coin): another process renewing with the
+                # same wallet (`walkeep smoke` beside the server) waits for this batch
+                # instead of spending the same gas version and being refused.
+                with submission_lock():
+                    claim = _claim_batch(rt, current, worker, report, cursor)
+                    if claim is None:
+                        break
+                    batches += 1
+                    cursor = claim.cursor
+                    if recording is not None:
+                        # Its errors surface here, before this batch goes to the chain: the
+                        # batch is then left an unsubmitted intent, as a crash would leave it.
+                        done, recording = recording, None
+                        done.result()
+                    effects = _submit(rt, claim, report)
                 if effects is not None:
                     recording = recorder.submit(record, rt, claim.renewal_id, effects, report)
             if recording is not None:
@@ -295,7 +304,17 @@ def _renew(rt: Runtime, *, max_batches: int | None, worker: str | None) -> Renew
 
 
 def resume_eligible(rt: Runtime) -> int:
-    """Paused accounts that can pay for at least one renewal become active again."""
+    """Paused accounts whose credits cover a whole round become active again.
+
+    The rule (README "Alerts"): without a top-up, an account's paused memories resume
+    only when its available credits cover renewing **every** paused blob to the target
+    runway **and** every active blob of the account that is due now. Resuming as soon as
+    the cheapest paused blob was affordable made the next claim fund some, pause the rest
+    again, and resume them on the following pass: ``memories.paused``/``.resumed``
+    flipped every pass with no top-up in sight. A top-up (or a grant) resumes at once
+    (``resume_paused``); if it was not enough, the next pass pauses what it cannot fund,
+    once, and nothing resumes until more credits arrive.
+    """
     with rt.db.read() as s:
         accounts = list(
             s.scalars(
@@ -303,40 +322,52 @@ def resume_eligible(rt: Runtime) -> int:
             )
         )
     total = 0
-    current = rt.chain.current_epoch()
+    threshold = rt.settings.renew_threshold_epochs
+    target = rt.settings.target_runway_epochs
+    price = rt.settings.renewal_price_mc_per_unit_epoch
     for account_id in accounts:
         with rt.db.begin() as s:
+            current = rt.chain.current_epoch()
+            cols = (Blob.id, Blob.kind, Blob.storage_size, Blob.end_epoch)
+            live = (Blob.status == BlobStatus.LIVE, Blob.end_epoch > current)
             paused = list(
                 s.execute(
-                    select(Blob.id, Blob.kind, Blob.storage_size, Blob.end_epoch)
+                    select(*cols)
                     .join(Memory, Memory.blob_pk == Blob.id)
                     .where(
                         Memory.account_id == account_id,
                         Memory.status == MemoryStatus.PAUSED,
-                        Blob.end_epoch > current,  # a lapsed blob cannot resume
+                        *live,
                     )
                     .distinct()
-                    .limit(100)
                 )
             )
             if not paused:
                 continue
-            shares = quilt_shares(
-                s, [b.id for b in paused if b.kind == "quilt"], (MemoryStatus.PAUSED,)
+            due_active = list(
+                s.execute(
+                    select(*cols)
+                    .join(Memory, Memory.blob_pk == Blob.id)
+                    .where(
+                        Memory.account_id == account_id,
+                        Memory.status == MemoryStatus.ACTIVE,
+                        Blob.end_epoch <= current + threshold,
+                        Blob.pending_renewal_id.is_(None),
+                        *live,
+                    )
+                    .distinct()
+                )
             )
-            need = min(
+            blobs = {b.id: b for b in [*paused, *due_active]}
+            shares = quilt_shares(s, [i for i, b in blobs.items() if b.kind == "quilt"], KEPT)
+            need = sum(
                 blob_renewal_cost_mc(
                     b,
                     shares,
-                    max(
-                        1,
-                        lifecycle.extension_epochs(
-                            b.end_epoch, current, rt.settings.target_runway_epochs
-                        ),
-                    ),
-                    rt.settings.renewal_price_mc_per_unit_epoch,
+                    max(1, lifecycle.extension_epochs(b.end_epoch, current, target)),
+                    price,
                 )
-                for b in paused
+                for b in blobs.values()
             )
             if ledger.balance(s, account_id).available_mc >= max(need, 1):
                 total += resume_paused(s, account_id, current)

@@ -16,12 +16,12 @@ import logging
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from walkeep import ledger, lifecycle, metrics, usage
-from walkeep.db import rowcount
-from walkeep.db.models import Blob, LedgerEntry, Memory, Renewal
+from walkeep.db import insert_if_absent, rowcount
+from walkeep.db.models import Blob, LedgerEntry, Memory, Renewal, table
 from walkeep.lifecycle import BlobStatus, MemoryStatus
 from walkeep.service import alerts
 from walkeep.service.runtime import Runtime
@@ -108,15 +108,14 @@ def sweep(rt: Runtime) -> SweepReport:
         fresh.append(obj)
     if fresh:
         with rt.db.begin() as s:
-            for obj in fresh:
-                if s.scalar(select(Blob.id).where(Blob.blob_object_id == obj.blob_object_id)):
-                    continue
-                s.execute(
-                    insert(Blob).values(
-                        **lifecycle.blob_row(obj, None, BlobStatus.ORPHAN, now, threshold)
-                    )
-                )
-                report.orphans += 1
+            # In object-id order and ON CONFLICT DO NOTHING: a write registered by a web
+            # process meanwhile (or another worker's sweep) wins without a unique-key
+            # violation, and two transactions inserting overlapping objects take their
+            # index entries in one order, so they cannot deadlock on each other.
+            for obj in sorted(fresh, key=lambda o: o.blob_object_id):
+                row = lifecycle.blob_row(obj, None, BlobStatus.ORPHAN, now, threshold)
+                if insert_if_absent(s, table(Blob), row, ["blob_object_id"]) is not None:
+                    report.orphans += 1
         metrics.ORPHANS.inc(report.orphans)
         log.warning("recorded %d orphan blobs (never renewed)", report.orphans)
 

@@ -23,8 +23,9 @@ from typing import Any
 
 from sqlalchemy import select
 
+from walkeep import pricing
 from walkeep.backends.b58 import b58decode
-from walkeep.backends.base import ChainError
+from walkeep.backends.base import ChainError, TxEffects
 from walkeep.backends.sui.codec import tx_digest
 from walkeep.backends.sui.ptb import DecodedExtend, decode_extend_tx
 from walkeep.db.models import Blob, Memory, Renewal, RenewalItem
@@ -77,6 +78,9 @@ class _Item:
     epochs: int
     old_end_epoch: int
     new_end_epoch: int
+    cost_mc: int
+    storage_size: int
+    kind: str
 
 
 def _items(rt: Runtime, renewal_id: int) -> list[_Item]:
@@ -87,6 +91,9 @@ def _items(rt: Runtime, renewal_id: int) -> list[_Item]:
                 RenewalItem.epochs,
                 RenewalItem.old_end_epoch,
                 RenewalItem.new_end_epoch,
+                RenewalItem.cost_mc,
+                Blob.storage_size,
+                Blob.kind,
             )
             .join(Blob, Blob.id == RenewalItem.blob_pk)
             .where(RenewalItem.renewal_id == renewal_id)
@@ -135,9 +142,15 @@ def _verify_into(
     p = prefix
     with rt.db.read() as s:
         rec = s.execute(
-            select(Renewal.id, Renewal.status, Renewal.network, Renewal.tx_bytes).where(
-                Renewal.digest == digest
-            )
+            select(
+                Renewal.id,
+                Renewal.status,
+                Renewal.network,
+                Renewal.tx_bytes,
+                Renewal.blob_count,
+                Renewal.cost_mc,
+                Renewal.wal_cost_frost,
+            ).where(Renewal.digest == digest)
         ).first()
     if not report.check(
         f"{p}renewal record",
@@ -148,7 +161,7 @@ def _verify_into(
     ):
         return
     assert rec is not None
-    renewal_id, status, network, recorded_bytes = rec
+    renewal_id, status, network, recorded_bytes, blob_count, cost_mc, wal_cost = rec
     report.check(
         f"{p}network",
         network == rt.chain.network,
@@ -233,6 +246,7 @@ def _verify_into(
     extensions = {e.blob_object_id: e for e in effects.extensions} if effects else {}
     mine = report
     others = VerifyReport(subject=digest, network=report.network)
+    _check_money(rt, mine, others, only_object, p, items, blob_count, cost_mc, wal_cost, effects)
     for i, call in enumerate(tx.calls):
         c = f"{p}call {i}"
         report = mine if only_object in (None, call.blob_object_id) else others
@@ -288,6 +302,70 @@ def _verify_into(
             "facts hold (`walkeep verify <digest>` lists them)",
         )
         mine.facts.extend(f for f in others.facts if not f.ok)
+
+
+def _check_money(
+    rt: Runtime,
+    report: VerifyReport,
+    others: VerifyReport,
+    only_object: str | None,
+    p: str,
+    items: list[_Item],
+    blob_count: int,
+    cost_mc: int,
+    wal_cost: int | None,
+    effects: TxEffects | None,
+) -> None:
+    """The money side of one renewal: what was billed and what the chain charged.
+
+    - ``blob count``: the renewal's recorded count is its items' count;
+    - ``billed``: the renewal's cost is the sum of its items' costs;
+    - ``call N cost``: a plain blob's item costs exactly price × size units × epochs; a
+      quilt's item costs the kept members' shares, so at most the whole quilt's price
+      (members forgotten since the claim make the exact figure unknowable afterwards);
+    - ``WAL cost``: the chain's charge is what Walkeep recorded and what the storage
+      price gives for the items' sizes and epochs (at today's price).
+
+    Every comparison is between integers, so equal figures are never a mismatch. An
+    audit of one memory (``only_object``) lists its own item's cost; the others' go
+    into ``others``, which the caller sums up in one line.
+    """
+    price = rt.settings.renewal_price_mc_per_unit_epoch
+    report.check(
+        f"{p}blob count",
+        blob_count == len(items),
+        f"recorded {blob_count}, {len(items)} item(s)",
+    )
+    billed = sum(i.cost_mc for i in items)
+    report.check(f"{p}billed", billed == cost_mc, f"recorded {cost_mc} mc, items sum {billed} mc")
+    for n, item in enumerate(items):
+        full = pricing.renewal_cost_mc(item.storage_size, item.epochs, price)
+        if item.kind == "quilt":
+            ok = 0 <= item.cost_mc <= full
+            detail = f"{item.cost_mc} mc for kept shares, whole quilt {full} mc"
+        else:
+            ok = item.cost_mc == full
+            detail = f"{item.cost_mc} mc billed, price × units × epochs = {full} mc"
+        into = report if only_object in (None, item.blob_object_id) else others
+        into.check(f"{p}call {n} cost", ok, detail)
+    if effects is None or effects.wal_cost_frost is None:
+        return
+    try:
+        price_frost = rt.chain.storage_price_frost()
+    except ChainError:
+        price_frost = None
+    expected = (
+        sum(pricing.walrus_storage_cost_frost(i.storage_size, i.epochs, price_frost) for i in items)
+        if price_frost is not None
+        else None
+    )
+    charged = effects.wal_cost_frost
+    report.check(
+        f"{p}WAL cost",
+        charged == wal_cost and (expected is None or charged == expected),
+        f"chain charged {charged} FROST, recorded {wal_cost}"
+        + (f", sizes × epochs × price = {expected}" if expected is not None else ""),
+    )
 
 
 def verify_memory(rt: Runtime, memory_id: str) -> VerifyReport:

@@ -9,6 +9,7 @@ renews) and points explorer links at the local explorer served by Walkeep
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
 
 from walkeep.backends.base import BlobObject, EpochInfo, PreparedTx, TxEffects
 from walkeep.backends.localnet.engine import LocalNetwork
@@ -47,6 +48,11 @@ class LocalChain:
 
     def execute(self, tx: PreparedTx) -> TxEffects:
         return self.localnet.execute(tx)
+
+    def submission_lock(self) -> AbstractContextManager[None]:
+        """Held from a renewal's prepare to its execute: the server wallet's gas coin
+        admits one transaction at a time (see LocalNetwork.wallet_lock)."""
+        return self.localnet.wallet_lock(self.localnet.server_address)
 
     def get_transaction(self, digest: str) -> TxEffects | None:
         return self.localnet.get_transaction(digest)

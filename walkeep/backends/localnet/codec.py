@@ -235,8 +235,9 @@ def decode_tx(data: bytes) -> DecodedTx:
 
 # The local System object is shared since the local deployment's first version.
 LOCAL_SYSTEM_INITIAL_SHARED_VERSION = 1
-# The server wallet's WAL coin and SUI gas coin on the local network. Their
-# versions are not tracked (no gas model): every renewal names version 1.
+# The server wallet's WAL coin and SUI gas coin on the local network. The WAL
+# coin's version is not tracked; the gas coin's is (LocalNetwork.execute), so two
+# renewals of one wallet prepared at once cannot both execute, as on Sui.
 LOCAL_WAL_COIN_ID = _local_id(b"walkeep::localnet::wal-coin")
 LOCAL_GAS_COIN_ID = _local_id(b"walkeep::localnet::gas-coin")
 LOCAL_GAS_PRICE_MIST = 1_000
@@ -258,14 +259,17 @@ def _object_digest_raw(object_id: str, version: int) -> bytes:
     )
 
 
-def build_local_extend_tx(sender: str, calls: Sequence[ExtendCall], *, nonce: bytes) -> bytes:
+def build_local_extend_tx(
+    sender: str, calls: Sequence[ExtendCall], *, nonce: bytes, gas_version: int = 1
+) -> bytes:
     """BCS ``TransactionData`` for a local renewal, built by the Sui adapter's builder.
 
     The same bytes a Sui renewal has (``walkeep.backends.sui.ptb``): the
     local package's ``system::extend_blob`` with the local System as a
     mutable shared object, each Blob as an owned ObjectRef at its current
-    version, one WAL coin, and gas data whose coin digest is ``nonce`` (32
-    random bytes), so two identical batches still get different digests. One
+    version, one WAL coin, and gas data naming the wallet's gas coin at
+    ``gas_version`` with ``nonce`` (32 random bytes) as its digest, so two
+    identical batches still get different digests. One
     decoder (``decode_extend_tx``) then serves ``walkeep verify`` on every
     network.
     """
@@ -286,7 +290,7 @@ def build_local_extend_tx(sender: str, calls: Sequence[ExtendCall], *, nonce: by
             for c in calls
         ],
         wal_coins=[ObjectRef(LOCAL_WAL_COIN_ID, 1, _object_digest_raw(LOCAL_WAL_COIN_ID, 1))],
-        gas_payment=[ObjectRef(LOCAL_GAS_COIN_ID, 1, nonce)],
+        gas_payment=[ObjectRef(LOCAL_GAS_COIN_ID, gas_version, nonce)],
         gas_price=LOCAL_GAS_PRICE_MIST,
         gas_budget=GAS_BASE_MIST + GAS_PER_CALL_MIST * len(calls),
         expiration_epoch=None,
@@ -297,6 +301,7 @@ def build_local_extend_tx(sender: str, calls: Sequence[ExtendCall], *, nonce: by
 class LocalExtendTx:
     sender: str
     calls: tuple[ExtendCall, ...]
+    gas_version: int = 1
 
 
 def decode_local_extend_tx(tx_bytes: bytes) -> LocalExtendTx:
@@ -329,4 +334,5 @@ def decode_local_extend_tx(tx_bytes: bytes) -> LocalExtendTx:
     return LocalExtendTx(
         sender=tx.sender,
         calls=tuple(ExtendCall(c.blob_object_id, c.blob_version, c.epochs) for c in tx.calls),
+        gas_version=tx.gas_versions[0] if tx.gas_versions else 1,
     )

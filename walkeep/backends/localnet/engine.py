@@ -23,7 +23,12 @@ enforces them (notes/walrus-sui.md §2.2):
   compact local encoding (``encode_tx``): they are not audited as renewals;
 - like Sui, a transaction names the *version* of every owned object it
   mutates, so a prepared transaction that went stale (the blob was extended
-  by another transaction in between) is refused instead of applied twice.
+  by another transaction in between) is refused instead of applied twice;
+- and the version of the wallet's gas coin: every executed renewal bumps it, so
+  two renewals of one wallet prepared at the same time cannot both execute (a Sui
+  node locks the gas object and refuses the second). Submitters of one wallet
+  serialise prepare → execute with :meth:`LocalNetwork.wallet_lock`, as a real
+  wallet's single submitter must.
 
 Deliberate simplifications (documented, not hidden):
 
@@ -32,8 +37,8 @@ Deliberate simplifications (documented, not hidden):
   Merkle root of the encoded slivers, which needs the RedStuff encoder. Same
   shape (32 bytes, URL-safe base64 without padding, 43 chars), different value.
 - A store is one local transaction (reserve + register + certify [+ transfer]);
-  on Walrus these are two Sui transactions. No write fee, no gas coin, no
-  signatures (the local node trusts its in-process callers).
+  on Walrus these are two Sui transactions. No write fee, no gas coin (only
+  renewals spend gas), no signatures (the local node trusts its in-process callers).
 - Object ids are derived like Sui's (``blake2b256(0xf1 ‖ tx digest ‖ u64le n)``).
 
 How it names things and writes its transactions (ids, digests, transaction bytes) is
@@ -49,6 +54,8 @@ thread gets its own connection; SQLite serialises the writers.
 from __future__ import annotations
 
 import base64
+import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -158,6 +165,10 @@ class _Schedule:
     def from_json(cls, text: str) -> _Schedule:
         d = json.loads(text)
         return cls(d["genesis_us"], d["anchor_us"], d["anchor_epoch"], d["seconds"])
+
+
+def _gas_key(sender: str) -> str:
+    return "gas_version:" + normalize_address(sender)
 
 
 class _Handle:
@@ -358,6 +369,29 @@ class LocalNetwork(QuiltStoreMixin):
                 fh.write(base64.b64encode(b"\x00" + seed).decode() + "\n")
         public = Ed25519PrivateKey.from_private_bytes(seed).public_key().public_bytes_raw()
         return sui_address(public)
+
+    @staticmethod
+    def _gas_version(c: sqlite3.Connection, sender: str) -> int:
+        row = c.execute("SELECT value FROM meta WHERE key = ?", (_gas_key(sender),)).fetchone()
+        return int(row[0]) if row else 1
+
+    @contextmanager
+    def wallet_lock(self, sender: str) -> Iterator[None]:
+        """Hold ``sender``'s submitter lock: one prepare → execute at a time per wallet,
+        across threads and processes sharing this state directory (``walkeep serve``'s
+        worker and a ``walkeep smoke`` beside it). An OS lock, released if the holder dies.
+        """
+        name = hashlib.blake2b(normalize_address(sender).encode(), digest_size=8).hexdigest()
+        path = self.state_dir / f"wallet-{name}.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
 
     def _schedule(self, c: sqlite3.Connection) -> _Schedule:
         row = c.execute("SELECT value FROM meta WHERE key = 'schedule'").fetchone()
@@ -802,11 +836,14 @@ class LocalNetwork(QuiltStoreMixin):
         with self._read() as c:
             epoch = self._epoch(c)
             objects = self._load_objects(c, [oid for oid, _ in norm])
+            gas_version = self._gas_version(c, sender)
         calls = tuple(
             ExtendCall(oid, objects[oid].version if oid in objects else 0, k) for oid, k in norm
         )
         self._check_calls(sender, calls, objects, epoch)
-        tx_bytes = build_local_extend_tx(sender, calls, nonce=secrets.token_bytes(32))
+        tx_bytes = build_local_extend_tx(
+            sender, calls, nonce=secrets.token_bytes(32), gas_version=gas_version
+        )
         return PreparedTx(
             digest=tx_digest(tx_bytes),
             tx_bytes=base64.b64encode(tx_bytes).decode(),
@@ -842,9 +879,20 @@ class LocalNetwork(QuiltStoreMixin):
                 return self._tx_with_calls(c, row).to_effects()
             epoch = self._epoch(c)
             price = self._price(c)
+            gas = self._gas_version(c, tx.sender)
+            if tx.gas_version != gas:
+                raise ChainRejected(
+                    f"gas coin version {tx.gas_version} is no longer current (now {gas}): "
+                    "another transaction of this wallet executed since this one was "
+                    "prepared; the transaction is stale"
+                )
             seqs: dict[str, int] = {}
             objects = self._load_objects(c, [call.object_id for call in tx.calls], seqs)
             checked = self._check_calls(tx.sender, tx.calls, objects, epoch)
+            c.execute(
+                "INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = ?",
+                (_gas_key(tx.sender), str(gas + 1), str(gas + 1)),
+            )
             final_end: dict[int, int] = {}
             calls: list[dict[str, Any]] = []
             ext_rows: list[tuple[int, int, int, int, int]] = []

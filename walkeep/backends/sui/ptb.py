@@ -271,6 +271,7 @@ class DecodedExtend:
     owned_objects: tuple[str, ...]  # every owned input (blobs, WAL coins)
     gas_coins: tuple[str, ...]
     calls: tuple[DecodedCall, ...] = ()  # the extend_blob calls, in order
+    gas_versions: tuple[int, ...] = ()  # the version of each gas coin, in order
     # Commands that are neither extend_blob nor MergeCoins (an executor that
     # only knows renewals must refuse a transaction that has any).
     other_commands: int = 0
@@ -302,6 +303,7 @@ class _Tx:
     expiration_epoch: int | None
     gas_budget: int
     gas_coins: tuple[str, ...]
+    gas_versions: tuple[int, ...] = ()
 
 
 def decode_extend_tx(tx_bytes: bytes | str) -> DecodedExtend:
@@ -369,6 +371,7 @@ def _read_pysui(raw: bytes) -> _Tx:
         expiration_epoch=int(expiration.value) if expiration.enum_name == "Epoch" else None,
         gas_budget=int(v1.GasData.Budget),
         gas_coins=tuple(normalize_address(g.ObjectID.to_address_str()) for g in v1.GasData.Payment),
+        gas_versions=tuple(int(g.SequenceNumber) for g in v1.GasData.Payment),
     )
 
 
@@ -437,6 +440,7 @@ def _summarize(tx: _Tx) -> DecodedExtend:
         gas_coins=tx.gas_coins,
         calls=tuple(calls),
         other_commands=other,
+        gas_versions=tx.gas_versions,
     )
 
 
@@ -519,9 +523,10 @@ def _read_fast(raw: bytes) -> _Tx:
             raise _Unsupported
     sender = r.address()
     gas: list[str] = []
+    gas_versions: list[int] = []
     for _ in range(r.uleb()):
         gas.append(r.address())
-        r.u64()
+        gas_versions.append(r.u64())
         r.digest()
     r.address()  # gas owner
     r.u64()  # price
@@ -535,7 +540,9 @@ def _read_fast(raw: bytes) -> _Tx:
         raise _Unsupported
     if r.pos != len(raw):
         raise _Unsupported
-    return _Tx(sender, tuple(inputs), tuple(commands), expiration, budget, tuple(gas))
+    return _Tx(
+        sender, tuple(inputs), tuple(commands), expiration, budget, tuple(gas), tuple(gas_versions)
+    )
 
 
 class _W(BcsWriter):
