@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.engine import make_url
 
 from tests.helpers import account, land_all
@@ -417,3 +417,33 @@ def test_sqlite_and_postgresql_rank_the_same(
             ]
         )
     assert results[0] == results[1]
+
+
+def test_a_crash_between_index_rows_and_the_memory_leaves_nothing_half_visible(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rows of a landing write are committed before its memory is registered: a
+    crash in between shows nothing (the memory is not stored yet), and the retried
+    landing registers it once, reusing the rows instead of writing a second set."""
+    acct = account(rt)
+    index = rt.relayer.index  # type: ignore[attr-defined]
+    real = index.add_many
+
+    def crash_after(items: Any) -> int:
+        real(items)
+        raise RuntimeError("power cut after the index rows")
+
+    monkeypatch.setattr(index, "add_many", crash_after)
+    store.store(rt, acct, content="Okonkwo's locker code is 4471", request_id="c1")
+    with pytest.raises(RuntimeError):
+        land_all(rt)
+    with rt.db.read() as s:
+        rows = s.scalar(select(func.count()).select_from(Embedding))
+    assert rows == 1  # the rows are there ...
+    assert _recall(rt, acct, "locker 4471", 5) == []  # ... and show nothing
+    monkeypatch.setattr(index, "add_many", real)
+    land_all(rt)
+    hits = recall.recall(rt, acct, query="locker 4471", limit=5).results
+    assert [h.content for h in hits] == ["Okonkwo's locker code is 4471"]
+    with rt.db.read() as s:
+        assert s.scalar(select(func.count()).select_from(Embedding)) == 1
