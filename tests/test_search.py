@@ -447,3 +447,17 @@ def test_a_crash_between_index_rows_and_the_memory_leaves_nothing_half_visible(
     assert [h.content for h in hits] == ["Okonkwo's locker code is 4471"]
     with rt.db.read() as s:
         assert s.scalar(select(func.count()).select_from(Embedding)) == 1
+
+
+def test_usearch_is_imported_so_that_onnxruntime_can_load_after_it() -> None:
+    """Imported after usearch, onnxruntime crashed the process (a segmentation fault):
+    a segment opened or merged before the embedder's first use would have killed it."""
+    import subprocess
+    import sys
+
+    code = (
+        "from walkeep.index import segment; segment.usearch_index(); "
+        "import onnxruntime; print('alive')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "alive", (out.returncode, out.stderr)

@@ -7,7 +7,10 @@ before this revision, which the first start backfills (walkeep/index/search.py,
 times the rows were rewritten in place, so every process drops a cached or persisted
 index built before a rewrite. ``memories (account_id, status_changed_at)`` lets an
 index learn which of an account's memories were forgotten, lapsed or revived since
-it last looked, without reading the account's million memories.
+it last looked, without reading the account's million memories. The index reads
+an account's rows by id whatever their namespace, so ``embeddings (account_id, model,
+id)`` replaces the per-namespace ``(account_id, namespace, model, id)``: without it,
+finding an account's newest row read every one of its rows (210 ms at a million).
 
 Revision ID: 0014
 Revises: 0013
@@ -31,6 +34,10 @@ depends_on: str | Sequence[str] | None = None
 
 def upgrade() -> None:
     op.add_column("embeddings", sa.Column("terms", sa.LargeBinary(), nullable=True))
+    op.create_index(
+        op.f("ix_embeddings_account_id_model_id"), "embeddings", ["account_id", "model", "id"]
+    )
+    op.drop_index(op.f("ix_embeddings_account_id_namespace_model_id"), table_name="embeddings")
     op.create_table(
         "index_state",
         sa.Column("account_id", sa.String(32), nullable=False),
@@ -50,6 +57,12 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.create_index(
+        op.f("ix_embeddings_account_id_namespace_model_id"),
+        "embeddings",
+        ["account_id", "namespace", "model", "id"],
+    )
+    op.drop_index(op.f("ix_embeddings_account_id_model_id"), table_name="embeddings")
     op.drop_index(op.f("ix_memories_account_id_status_changed_at"), table_name="memories")
     op.drop_table("index_state")
     with op.batch_alter_table("embeddings") as batch:

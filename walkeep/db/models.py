@@ -430,7 +430,9 @@ class Embedding(Base):
     created_at: Mapped[datetime]
 
     __table_args__ = (
-        Index(None, "account_id", "namespace", "model", "id"),
+        # "The account's newest row" on every recall, and "its rows after id N" when an
+        # index catches up: one seek and one range, whatever the namespace.
+        Index(None, "account_id", "model", "id"),
         UniqueConstraint("account_id", "blob_id", "model", "chunk"),
     )
 

@@ -23,6 +23,7 @@ does not match is treated as missing, and the caller rebuilds from the database.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -30,6 +31,7 @@ import shutil
 import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -40,10 +42,11 @@ FORMAT = 1
 # (measured: 50,000 rows in 1.8 ms with usearch's exact kernel) and exact.
 ANN_MIN_ROWS = 50_000
 # HNSW parameters: 16 links per node, 128 candidates while building. Searching
-# widens to ``ANN_EXPANSION_SEARCH``; results are re-scored exactly afterwards.
+# widens to ``ANN_EXPANSION_SEARCH``: on bench/recall_scale.py's million rows, 128 kept
+# 0.84 of the exact top 10, 512 kept 0.93 for ~3 ms more per query, 1024 0.95.
 ANN_CONNECTIVITY = 16
 ANN_EXPANSION_ADD = 128
-ANN_EXPANSION_SEARCH = 128
+ANN_EXPANSION_SEARCH = 512
 
 _ARRAYS = (
     "row_ids",
@@ -240,9 +243,7 @@ def extend(
     old_keys = np.repeat(seg.term_keys, np.diff(seg.term_off))
     ann: object | None = None
     if seg.meta.ann and seg.path is not None and len(row_ids):
-        from usearch.index import Index
-
-        graph = Index.restore(str(seg.path / "ann.usearch"), view=False)
+        graph = usearch_index().restore(str(seg.path / "ann.usearch"), view=False)
         if graph is None:
             raise SegmentInvalid("ann.usearch could not be loaded to extend it")
         graph.add(
@@ -322,9 +323,31 @@ def assemble(
     return seg
 
 
-def build_ann(vec_i8: np.ndarray) -> object:
+def usearch_index() -> Any:
+    """usearch's ``Index`` class, with onnxruntime loaded first.
+
+    Imported after usearch, onnxruntime crashes the process (a segmentation fault
+    while it loads: their native libraries clash; usearch 2.26.6, onnxruntime 1.2x),
+    and the embedder loads it lazily — after a merge or a segment open may have
+    imported usearch. So usearch is only ever imported through here.
+    """
+    with contextlib.suppress(ImportError):
+        import onnxruntime  # noqa: F401
     from usearch.index import Index
 
+    return Index
+
+
+def usearch_exact_search() -> Any:
+    """usearch's exact search function (imported as :func:`usearch_index` says)."""
+    usearch_index()
+    from usearch.index import search
+
+    return search
+
+
+def build_ann(vec_i8: np.ndarray) -> object:
+    Index = usearch_index()
     index = Index(
         ndim=vec_i8.shape[1],
         metric="cos",
@@ -427,10 +450,8 @@ def open_segment(path: Path, *, account_id: str, model: str, dim: int, analyzer:
         raise SegmentInvalid("row ids do not match their checksum")
     seg = Segment(meta=meta, path=path, **arrays)
     if meta.ann:
-        from usearch.index import Index
-
         try:
-            ann = Index.restore(str(path / "ann.usearch"), view=True)
+            ann = usearch_index().restore(str(path / "ann.usearch"), view=True)
         except Exception as exc:  # usearch raises plain RuntimeError/ValueError
             raise SegmentInvalid(f"unreadable ann.usearch: {exc}") from exc
         if ann is None or len(ann) != n or ann.ndim != dim:

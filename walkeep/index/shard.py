@@ -23,7 +23,7 @@ import numpy as np
 
 from walkeep.index import ranking as rk
 from walkeep.index.rows import RowBatch
-from walkeep.index.segment import Segment, quantise
+from walkeep.index.segment import Segment, quantise, usearch_exact_search
 
 # An approximate search asks the graph for this many times more rows than it
 # needs, because dead or out-of-scope rows are dropped after it answers.
@@ -367,8 +367,7 @@ class Shard:
     def _dense_segment(
         self, seg: Segment, q8: np.ndarray, scope: _Scope, want: int, in_scope: int
     ) -> tuple[np.ndarray, np.ndarray]:
-        from usearch.index import search as exact_search
-
+        exact_search = usearch_exact_search()
         if seg.ann is not None and in_scope >= _ANN_MIN_SCOPE * seg.n:
             count = min(seg.n, math.ceil(want * _OVERSAMPLE * seg.n / in_scope) + 16)
             m = seg.ann.search(q8, count)  # type: ignore[attr-defined]
