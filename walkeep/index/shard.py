@@ -329,6 +329,8 @@ class Shard:
         out: list[tuple[str, float]] = []
         for i in first[:limit]:
             out.append((self.blob_id(int(blobs[i])), round(float(fused[order[i]]), 4)))
+        if self.segment is not None:
+            self.segment.release()
         return out
 
     def _dense(self, qvec: np.ndarray, scope: _Scope, want: int) -> tuple[np.ndarray, np.ndarray]:
