@@ -308,8 +308,7 @@ class SearchIndex:
             max_id, generation = self.rows.head(account_id)
             shard = None if full else self.shard(account_id, merging=True)
             if shard is not None and shard.segment is not None and shard.segment.path is not None:
-                with shard.lock:
-                    seg = self._extended(account_id, shard, generation)
+                seg = self._extended(account_id, shard, generation)
             else:
                 seg = None
             if seg is None:
@@ -326,26 +325,37 @@ class SearchIndex:
         return True
 
     def _extended(self, account_id: str, shard: Shard, generation: int) -> seglib.Segment | None:
-        """``shard``'s segment extended by its delta; None when only a full build will do."""
+        """``shard``'s segment extended by its delta; None when only a full build will do.
+
+        The delta is copied under the shard's lock, and the slow part — the dead-blob
+        scan, the graph's new links, the postings' sort — runs outside it, so recalls of
+        the account go on while a merge is written.
+        """
         seg = shard.segment
         assert seg is not None
-        if shard.generation != generation or any(i <= seg.meta.high_water for i in shard.d_ids):
-            return None  # rows rewritten, or late commits below the mark: start over
-        d_blob, d_ns, d_len, vecs = shard._delta_arrays()
-        post_row, post_key, post_tf = shard.delta_postings()
-        blob_ids = [shard.blob_id(c) for c in range(len(shard.dead))]
+        with shard.lock:
+            if shard.generation != generation or any(i <= seg.meta.high_water for i in shard.d_ids):
+                return None  # rows rewritten, or late commits below the mark: start over
+            d_blob, d_ns, d_len, vecs = shard._delta_arrays()
+            post_row, post_key, post_tf = shard.delta_postings()
+            row_ids = np.asarray(shard.d_ids, dtype=np.int64)
+            new_blobs = list(shard.new_blobs)
+            namespaces = list(shard.namespaces)
+        nb = len(seg.blob_ids)
+        blob_ids = [bytes(b).decode("ascii") for b in seg.blob_ids] + new_blobs
         dead_blobs = self._dead_blobs(account_id, set(blob_ids))
         dead = np.fromiter((b in dead_blobs for b in blob_ids), bool, len(blob_ids))
+        assert len(dead) == nb + len(new_blobs)
         return seglib.extend(
             seg,
             generation=generation,
-            row_ids=np.asarray(shard.d_ids, dtype=np.int64),
+            row_ids=row_ids,
             row_blob=d_blob,
             row_ns=d_ns,
             row_len=d_len,
-            vec_i8=seglib.quantise(vecs).reshape(len(shard.d_ids), self.embedder.dim),
-            new_blobs=list(shard.new_blobs),
-            namespaces=list(shard.namespaces),
+            vec_i8=seglib.quantise(vecs).reshape(len(row_ids), self.embedder.dim),
+            new_blobs=new_blobs,
+            namespaces=namespaces,
             dead=dead,
             dead_as_of=self._db.clock.time(),
             post_row=post_row,
