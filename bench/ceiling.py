@@ -27,7 +27,7 @@ from mcp.types import CallToolResult, TextContent
 from pydantic import Field
 
 from walkeep.api.serve import freeze_start_up_heap
-from walkeep.service.schemas import StoreResult
+from walkeep.service.tools.schemas import StoreResult
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

@@ -42,7 +42,9 @@ from walkeep.clock import ManualClock
 from walkeep.config import Settings
 from walkeep.db import Database
 from walkeep.db import migrate as migrations
-from walkeep.service import accounts, completion, renew, store, sweep
+from walkeep.service.jobs import completion, renew, sweep
+from walkeep.service.operators import accounts
+from walkeep.service.tools import store
 
 TEST_MASTER_KEY = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
 

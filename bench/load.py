@@ -391,7 +391,7 @@ def start_walkeep(
     if accounts > 1:
         from walkeep import ledger
         from walkeep.db import Database
-        from walkeep.service.accounts import create_account
+        from walkeep.service.operators.accounts import create_account
 
         db = Database(url)
         for n in range(1, accounts):

@@ -49,8 +49,8 @@ quality figures are the same either way.
 
 ``--in-process`` measures the same data with the same metrics without HTTP: it builds
 a Runtime (walkeep.bootstrap.build_runtime) on a SQLite file, stores through
-``walkeep.service.store``, drives completion until every memory has landed, and calls
-``walkeep.service.recall.recall`` once per question, with a fresh Runtime per ranking
+``walkeep.service.tools.store``, drives completion until every memory has landed, and calls
+``walkeep.service.tools.recall.recall`` once per question, with a fresh Runtime per ranking
 (the ranking set on its Settings, field ``recall_ranking``, and in the environment as
 ``WALKEEP_RECALL_RANKING``). Quicker for iterating on the ranking; the numbers of
 record are the server's.
@@ -832,9 +832,11 @@ def run_in_process(
     from walkeep import ledger
     from walkeep.bootstrap import build_runtime
     from walkeep.db import migrate
-    from walkeep.service import accounts, completion, runway, store
-    from walkeep.service.balance import check_balance
-    from walkeep.service.recall import recall
+    from walkeep.service.jobs import completion
+    from walkeep.service.operators import accounts
+    from walkeep.service.tools import runway, store
+    from walkeep.service.tools.balance import check_balance
+    from walkeep.service.tools.recall import recall
 
     tmp = None if keep else tempfile.mkdtemp(prefix="walkeep-recall-quality-")
     data_dir = keep.resolve() if keep else Path(tmp or "") / "data"

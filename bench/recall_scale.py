@@ -26,7 +26,7 @@ cached under ``~/.cache/walkeep-bench`` (keyed by the texts).
 **The deployment.** Rows go in through the code that records a landed write, in
 bulk: content encrypted with the account's ``Keyring`` and written as quilts of 600
 patches to the local blob store (``put_quilt``, as ``SelfRelayer`` does), each
-quilt's ``blobs`` row by ``completion.upsert_blob``, one ``active`` memory per patch
+quilt's ``blobs`` row by ``pipeline.upsert_blob``, one ``active`` memory per patch
 (blob_pk, patch id, share from ``pricing.quilt_share_micro``), and one index row per
 memory (vector, keyed term hashes from ``walkeep.index.terms``). Not written: the
 store requests, write jobs and ledger holds of the original stores (no credits are
@@ -37,7 +37,7 @@ from 50,000 rows). A second account of 10,000 memories gets its segment the same
 loaded and database and blob store touched *before* anything is timed, so model load
 and connection setup are not counted):
 
-* ``first_ms``: the first ``walkeep.service.recall.recall`` (what the MCP tool calls:
+* ``first_ms``: the first ``walkeep.service.tools.recall.recall`` (what the MCP tool calls:
   query embedding, index open and search, visibility check, content reads; limit 10)
   on the big account;
 * ``warm_p50_ms`` / ``warm_p95_ms``: the same call over ``--warm`` other queries;
@@ -107,10 +107,10 @@ from walkeep.index import terms as termlib
 from walkeep.index.embedder import MiniLMEmbedder
 from walkeep.index.rows import encode_vector
 from walkeep.lifecycle import MemoryStatus
-from walkeep.service import accounts
-from walkeep.service.completion import upsert_blob
-from walkeep.service.recall import recall
+from walkeep.service.operators import accounts
+from walkeep.service.pipeline import upsert_blob
 from walkeep.service.runtime import Runtime
+from walkeep.service.tools.recall import recall
 
 NAMESPACE = "default"
 QUILT_PATCHES = 600  # SelfRelayer's quilt_max_patches

@@ -47,7 +47,8 @@ from walkeep.db import Database
 from walkeep.db import migrate as migrations
 from walkeep.db.models import Account, Blob, LedgerEntry, Memory, Renewal, RenewalItem
 from walkeep.lifecycle import BlobStatus, MemoryStatus
-from walkeep.service import accounts, renew
+from walkeep.service.jobs import renew
+from walkeep.service.operators import accounts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

@@ -53,8 +53,9 @@ from walkeep.config import Settings
 from walkeep.db import Database
 from walkeep.db import migrate as migrations
 from walkeep.lifecycle import LISTED, BlobStatus, MemoryStatus
-from walkeep.service import accounts, runway
+from walkeep.service.operators import accounts
 from walkeep.service.runtime import Runtime
+from walkeep.service.tools import runway
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from load import scratch_database

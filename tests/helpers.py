@@ -5,7 +5,8 @@ from __future__ import annotations
 import itertools
 from datetime import UTC, datetime
 
-from walkeep.service import accounts, completion
+from walkeep.service.jobs import completion
+from walkeep.service.operators import accounts
 from walkeep.service.runtime import Runtime
 
 _n = itertools.count()

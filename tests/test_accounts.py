@@ -9,7 +9,7 @@ from walkeep import ids
 from walkeep.db import Database
 from walkeep.db.models import ApiKey
 from walkeep.errors import Unauthorized, ValidationError
-from walkeep.service import accounts
+from walkeep.service.operators import accounts
 
 
 def test_keys_are_hashed_and_resolve(db: Database) -> None:

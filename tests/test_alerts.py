@@ -23,8 +23,11 @@ from walkeep.clock import ManualClock
 from walkeep.config import Settings
 from walkeep.db.models import AlertEvent, Memory
 from walkeep.errors import NotFound, ValidationError
-from walkeep.service import accounts, alerts, renew, store, topup
+from walkeep.service import alerts
+from walkeep.service.jobs import renew
+from walkeep.service.operators import accounts
 from walkeep.service.runtime import Runtime
+from walkeep.service.tools import store, topup
 
 
 @dataclass
@@ -412,7 +415,8 @@ def test_lapsed_memories_are_not_resumed_and_their_lapse_is_alerted(
     """Regression (issue 30): memories lapsed one epoch after a pause; a top-up then sent
     `memories.resumed {resumed_memories: 5}` while check_runway showed all five expired,
     and nothing ever said they had lapsed. Export listed them too, unlike recall."""
-    from walkeep.service import export, forget, runway, sweep
+    from walkeep.service.jobs import sweep
+    from walkeep.service.tools import export, forget, runway
 
     acct = accounts.create_account(rt.db, "lapsing", credits_mc=4000).account_id
     alerts.set_alert_webhook(rt, acct, receiver.url)

@@ -12,19 +12,6 @@ import grimp
 # Circles that remain (issue 31 unties them); each a set of modules importing each other.
 KNOWN_CIRCLES: list[frozenset[str]] = [
     frozenset({"walkeep.backends.localnet.engine", "walkeep.backends.localnet.quilts"}),
-    frozenset(
-        {
-            "walkeep.service.accounts",
-            "walkeep.service.alerts",
-            "walkeep.service.balance",
-            "walkeep.service.compaction",
-            "walkeep.service.completion",
-            "walkeep.service.renew",
-            "walkeep.service.runtime",
-            "walkeep.service.store",
-            "walkeep.service.topup",
-        }
-    ),
 ]
 
 

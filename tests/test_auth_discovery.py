@@ -8,7 +8,7 @@ from __future__ import annotations
 import httpx
 
 from tests.test_mcp_e2e import Server, live  # noqa: F401  (fixture)
-from walkeep.service import accounts
+from walkeep.service.operators import accounts
 
 
 def test_metadata_served_at_both_well_known_paths(live: Server) -> None:  # noqa: F811

@@ -9,8 +9,8 @@ import pytest
 from tests.test_mcp_e2e import Server, live, wait_landed  # noqa: F401  (fixture)
 from walkeep import errors
 from walkeep.client import AsyncWalkeepClient, WalkeepClient
-from walkeep.service import accounts
-from walkeep.service.schemas import RecallResult, StoreResult
+from walkeep.service.operators import accounts
+from walkeep.service.tools.schemas import RecallResult, StoreResult
 
 
 def test_every_method_round_trips(live: Server) -> None:  # noqa: F811

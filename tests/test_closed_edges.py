@@ -21,7 +21,7 @@ from walkeep.backends.base import Health
 from walkeep.db import Database
 from walkeep.logs import JsonFormatter, TextFormatter
 from walkeep.mcp import bridge
-from walkeep.service import accounts
+from walkeep.service.operators import accounts
 from walkeep.service.runtime import Runtime
 
 ACCEPT = "application/json, text/event-stream"
@@ -159,7 +159,7 @@ def test_one_time_console_links_are_not_logged_in_clear(
     live: Server, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Regression: the access log wrote /console/link/wkc_… (a redeemable token) at info."""
-    from walkeep.service import console as console_service
+    from walkeep.service.operators import console as console_service
 
     created = accounts.create_account(live.rt.db, "linked", credits_mc=0)
     token, _ = console_service.create_console_link(live.rt.db, created.account_id, minutes=15)
@@ -214,7 +214,7 @@ def test_first_run_key_is_not_printed_when_the_output_is_not_a_terminal(
 def test_pages_refuse_framing_and_caching(live: Server) -> None:
     """Regression: checkout, /topup/done, the explorer and /docs could be framed
     (clickjacking the Pay button) and cached with their tokens."""
-    from walkeep.service import topup
+    from walkeep.service.tools import topup
 
     acct = accounts.create_account(live.rt.db, "framed", credits_mc=0).account_id
     checkout = topup.top_up(live.rt, acct, "5.00", "frame-1").checkout_url

@@ -14,8 +14,9 @@ import pytest
 
 from tests.helpers import account
 from walkeep.pressure import Pressure
-from walkeep.service import completion, runway, store
+from walkeep.service.jobs import completion
 from walkeep.service.runtime import Runtime
+from walkeep.service.tools import runway, store
 
 
 class RemoteLike:

@@ -27,7 +27,9 @@ import pytest
 from tests.conftest import IN_CI
 from tests.test_mcp_e2e import Server
 from walkeep.api.console import credits
-from walkeep.service import accounts, console, renew, store
+from walkeep.service.jobs import renew
+from walkeep.service.operators import accounts, console
+from walkeep.service.tools import store
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = [

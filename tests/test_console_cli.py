@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 from tests.test_cli import env, run  # noqa: F401
 from walkeep.db import Database
-from walkeep.service import console
+from walkeep.service.operators import console
 
 
 def test_account_list_prints_the_console_summary(env: dict[str, str]) -> None:  # noqa: F811

@@ -13,7 +13,7 @@ import pytest
 from tests.test_mcp_e2e import Server
 from walkeep.api.console import COOKIE, SECRET_FILENAME, load_console_secret
 from walkeep.config import Settings
-from walkeep.service import accounts
+from walkeep.service.operators import accounts
 
 ADMIN = "http-admin-token-0123456789"
 
@@ -173,7 +173,7 @@ def test_a_weak_admin_token_is_refused_at_startup(tmp_path: Path) -> None:
 def test_a_long_statement_streams_in_chunks_and_still_reconciles(
     live: Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from walkeep.service import statements
+    from walkeep.service.operators import statements
 
     monkeypatch.setattr(statements, "STREAM_ROWS", 4)  # many chunks, many cursor fetches
     a = accounts.create_account(live.rt.db, "busy", credits_mc=1000)
@@ -197,7 +197,9 @@ def test_alert_settings_deliveries_and_the_verify_page(live: Server) -> None:
     """Issue 12: the account page sets the alert webhook (secret shown once) and shows the
     last deliveries; each renewal links to the same check as `walkeep verify`."""
     from tests.helpers import land_all
-    from walkeep.service import alerts, renew, store
+    from walkeep.service import alerts
+    from walkeep.service.jobs import renew
+    from walkeep.service.tools import store
 
     rt = live.rt
     mine = accounts.create_account(rt.db, "alerts-op", credits_mc=100_000)
@@ -270,7 +272,7 @@ def test_sign_out_ends_the_session_on_the_server(live: Server) -> None:
 
 
 def test_revoking_a_key_ends_link_sessions_of_the_account(live: Server) -> None:
-    from walkeep.service import console as svc
+    from walkeep.service.operators import console as svc
 
     created = accounts.create_account(live.rt.db, "linked", credits_mc=0)
     token, _ = svc.create_console_link(live.rt.db, created.account_id, minutes=15)

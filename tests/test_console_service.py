@@ -17,7 +17,9 @@ from tests.helpers import account, epoch_seconds, land_all
 from walkeep import ledger
 from walkeep.db.models import Account, JobRun
 from walkeep.errors import NotFound, Unauthorized, ValidationError
-from walkeep.service import accounts, console, renew, statements, store, topup
+from walkeep.service.jobs import renew
+from walkeep.service.operators import accounts, console, statements
+from walkeep.service.tools import store, topup
 
 
 def _balance(rt, account_id: str) -> tuple[int, int]:  # type: ignore[no-untyped-def]
@@ -138,7 +140,7 @@ def test_account_summaries_are_worst_first_and_count_by_status(rt, clock) -> Non
     as_json = by_name["rich"].to_json()
     assert as_json["active"] == 2 and as_json["paused"] == 0
     # The runway the summary reports is the one check_runway reports.
-    from walkeep.service.runway import check_runway
+    from walkeep.service.tools.runway import check_runway
 
     summary = check_runway(rt, poor).account
     assert summary is not None
@@ -270,8 +272,9 @@ def test_worst_first_puts_lapsed_memories_above_a_healthy_account(rt, clock) -> 
     """Regression (issue 30): an account whose memories had all lapsed has no runway
     left to compare and sorted below a healthy one. Lapsed (paid-for, not forgotten) and
     paused memories come first, then runway."""
-    from walkeep.service import forget, sweep
-    from walkeep.service.runway import check_runway
+    from walkeep.service.jobs import sweep
+    from walkeep.service.tools import forget
+    from walkeep.service.tools.runway import check_runway
 
     healthy = account(rt, credits=100, name="healthy")
     lapsing = account(rt, credits=2, name="lapsing")  # two stores, then nothing for renewals

@@ -23,8 +23,10 @@ from walkeep.bootstrap import build_runtime
 from walkeep.clock import ManualClock
 from walkeep.db import Database
 from walkeep.db.models import Account, LedgerEntry, Memory
-from walkeep.service import accounts, completion, store
+from walkeep.service.jobs import completion
+from walkeep.service.operators import accounts
 from walkeep.service.runtime import Runtime
+from walkeep.service.tools import store
 
 
 def _invariant_holds(rt: Runtime, account_id: str) -> None:

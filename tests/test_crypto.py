@@ -25,7 +25,7 @@ from walkeep.crypto import (
 from walkeep.db import Database
 from walkeep.db.models import DataKey
 from walkeep.errors import ConfigurationError, NotFound
-from walkeep.service import accounts
+from walkeep.service.operators import accounts
 
 
 @pytest.fixture

@@ -23,7 +23,8 @@ from walkeep import egress
 from walkeep.config import Settings
 from walkeep.db.models import AlertDelivery, AlertEvent
 from walkeep.errors import ConfigurationError, ValidationError
-from walkeep.service import accounts, alerts
+from walkeep.service import alerts
+from walkeep.service.operators import accounts
 from walkeep.service.runtime import Runtime
 
 SSRF_URLS = [

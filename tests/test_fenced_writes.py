@@ -19,7 +19,7 @@ from walkeep.bootstrap import build_runtime
 from walkeep.clock import ManualClock
 from walkeep.db import Database
 from walkeep.lifecycle import MemoryStatus
-from walkeep.service import runway, store
+from walkeep.service.tools import runway, store
 
 
 class Devnet:

@@ -26,7 +26,7 @@ from test_mcp_e2e import Server, free_port
 from walkeep.api.app import body_limits
 from walkeep.api.middleware import WEBHOOK_MAX_BODY
 from walkeep.config import Settings
-from walkeep.service import accounts
+from walkeep.service.operators import accounts
 
 MIB = 1024 * 1024
 

@@ -20,8 +20,9 @@ from test_mcp_e2e import Server, call_ok, mcp_client, sc
 from walkeep.db import Database
 from walkeep.errors import ValidationError
 from walkeep.mcp.server import TEXT_INLINE_MAX
-from walkeep.service import accounts, export, recall, store
+from walkeep.service.operators import accounts
 from walkeep.service.runtime import Runtime
+from walkeep.service.tools import export, recall, store
 
 
 @pytest.fixture

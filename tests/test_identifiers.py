@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from tests.test_mcp_e2e import Server, call_err, call_ok, mcp_client, wait_landed
 from walkeep.db import Database
 from walkeep.db.models import Account
-from walkeep.service import accounts
+from walkeep.service.operators import accounts
 
 NUL = "\x00"
 

@@ -38,7 +38,7 @@ from walkeep.index.embedder import (
 )
 from walkeep.index.rows import CHUNK_CHARS, COPY_STRIDE, chunk_text, encode_vector
 from walkeep.index.search import RECOUNT_SECONDS, SearchIndex
-from walkeep.service import accounts
+from walkeep.service.operators import accounts
 
 
 def make_index(db: Database, embedder: Embedder, **kw: Any) -> SearchIndex:

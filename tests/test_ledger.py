@@ -13,7 +13,7 @@ from walkeep import ledger
 from walkeep.db import Database
 from walkeep.errors import InsufficientBalance, NotFound, ValidationError
 from walkeep.ledger import Kind, LedgerConflict
-from walkeep.service import accounts
+from walkeep.service.operators import accounts
 
 
 def _account(db: Database, credits: int = 0) -> str:

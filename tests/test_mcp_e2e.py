@@ -28,7 +28,7 @@ from mcp.client.streamable_http import streamable_http_client
 from tests.helpers import console_sign_in
 from walkeep.api.app import create_app
 from walkeep.bootstrap import build_runtime
-from walkeep.service import accounts
+from walkeep.service.operators import accounts
 from walkeep.service.runtime import Runtime
 
 TOOLS = {"store", "recall", "check_runway", "check_balance", "top_up", "forget", "export"}
@@ -307,7 +307,7 @@ def test_every_error_code(live: Server) -> None:
 
 
 def test_a_renewal_digest_resolves_in_the_local_explorer(live: Server, clock) -> None:  # type: ignore[no-untyped-def]
-    from walkeep.service import renew
+    from walkeep.service.jobs import renew
 
     rt = live.rt
     created = accounts.create_account(rt.db, "auditor", credits_mc=10_000)

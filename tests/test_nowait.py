@@ -21,8 +21,9 @@ from walkeep.clock import ManualClock
 from walkeep.db import Database
 from walkeep.db.engine import SQLITE_BUSY_TIMEOUT_MS
 from walkeep.mcp.server import Caller, build_mcp
-from walkeep.service import accounts, store
-from walkeep.service.ratelimit import limiter
+from walkeep.service.operators import accounts
+from walkeep.service.tools import store
+from walkeep.service.tools.ratelimit import limiter
 
 
 @contextmanager

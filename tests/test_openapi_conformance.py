@@ -18,7 +18,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from test_mcp_e2e import Server
 
-from walkeep.service import accounts
+from walkeep.service.operators import accounts
 
 EXAMPLES_PER_OPERATION = 30
 

@@ -79,7 +79,8 @@ def test_doctor_names_what_is_missing(tmp_path: Path) -> None:
 
 def test_smoke_runs_the_whole_promise_on_the_local_network(settings: Settings, clock) -> None:  # type: ignore[no-untyped-def]
     from walkeep.db import Database
-    from walkeep.service import accounts, runway
+    from walkeep.service.operators import accounts
+    from walkeep.service.tools import runway
 
     lines: list[str] = []
     result = smoke(settings, say=lines.append, clock=clock, timeout_seconds=30)
@@ -133,7 +134,7 @@ def test_first_run_creates_a_default_account_and_a_private_credentials_file(
 ) -> None:
     from walkeep.cli import first_run
     from walkeep.db import Database
-    from walkeep.service import accounts
+    from walkeep.service.operators import accounts
 
     db = Database(settings.db_url)
     first_run(settings, db)
@@ -267,7 +268,7 @@ def test_restarting_with_another_epoch_length_keeps_every_memory_alive(
     """Regression (issue 13): restarting `walkeep serve` with a shorter
     WALKEEP_LOCAL_EPOCH_SECONDS jumped the epoch and expired every memory at once."""
     from tests.helpers import account, land_all
-    from walkeep.service import runway, store
+    from walkeep.service.tools import runway, store
 
     rt = build_runtime(settings, clock=clock, database=db, with_completer=False)
     a = account(rt)

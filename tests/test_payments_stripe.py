@@ -29,9 +29,9 @@ from walkeep.db.models import CheckoutSession
 from walkeep.errors import Internal, NotFound, PaymentsUnavailable, ValidationError
 from walkeep.payments.base import CheckoutRequest, InvalidSignature, Payments
 from walkeep.payments.stripe import IdempotencyConflict, StripePayments, checkout_params
-from walkeep.service import accounts
+from walkeep.service.operators import accounts
 from walkeep.service.runtime import Runtime
-from walkeep.service.topup import handle_stripe_webhook, top_up
+from walkeep.service.tools.topup import handle_stripe_webhook, top_up
 
 KEY = "sk_test_fake_key"
 WHSEC = "whsec_test_secret"

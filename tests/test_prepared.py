@@ -18,8 +18,8 @@ from tests.helpers import write_job_row
 from walkeep import ledger
 from walkeep.db import Database, Prepared, is_outage
 from walkeep.db.models import Memory, WriteJob, table
-from walkeep.service import accounts
-from walkeep.service.store import _MEMORY_COLUMNS
+from walkeep.service.operators import accounts
+from walkeep.service.tools.store import _MEMORY_COLUMNS
 
 T = TypeVar("T")
 

@@ -15,8 +15,9 @@ from walkeep.db.models import Blob, LedgerEntry, Memory, WriteJob
 from walkeep.index.embedder import HashEmbedder
 from walkeep.lifecycle import MemoryStatus
 from walkeep.quilt import decode_patch_id
-from walkeep.service import completion, export, forget, recall, renew, runway, store, sweep
+from walkeep.service.jobs import completion, renew, sweep
 from walkeep.service.runtime import Runtime
+from walkeep.service.tools import export, forget, recall, runway, store
 
 
 def _memories(rt: Runtime, *ids: str) -> list[Memory]:

@@ -14,9 +14,11 @@ from walkeep.db import Prepared
 from walkeep.db.models import Account, Blob, LedgerEntry, Memory, Renewal, RenewalItem
 from walkeep.errors import ConfigurationError
 from walkeep.lifecycle import BlobStatus, MemoryStatus
-from walkeep.service import accounts, reconcile, renew, runway, store, sweep
-from walkeep.service.renew import CrashForTest
+from walkeep.service.jobs import reconcile, renew, sweep
+from walkeep.service.jobs.renew import CrashForTest
+from walkeep.service.operators import accounts
 from walkeep.service.runtime import Runtime
+from walkeep.service.tools import runway, store
 
 
 def _store(rt: Runtime, a: str, content: str, rid: str) -> str:
@@ -142,7 +144,7 @@ def test_partial_funding_renews_what_it_can(rt: Runtime, clock) -> None:  # type
 
 
 def test_forgotten_and_expired_blobs_are_never_renewed(rt: Runtime, clock) -> None:  # type: ignore[no-untyped-def]
-    from walkeep.service import forget
+    from walkeep.service.tools import forget
 
     a = account(rt, credits=10)
     mid = _store(rt, a, "forget me", "r1")
@@ -300,7 +302,7 @@ from datetime import datetime
 from walkeep.bootstrap import build_runtime
 from walkeep.clock import ManualClock
 from walkeep.config import Settings
-from walkeep.service import renew
+from walkeep.service.jobs import renew
 rt = build_runtime(Settings(), clock=ManualClock(datetime.fromisoformat(os.environ["AT"])),
                    with_completer=False)
 print("ready", flush=True)
@@ -545,7 +547,7 @@ def test_a_sweep_racing_a_registration_is_conflict_free(
     NOTHING (PostgreSQL only: SQLite has one writer, so the two cannot interleave)."""
     from walkeep import lifecycle
     from walkeep.db import Database
-    from walkeep.service import completion
+    from walkeep.service.jobs import completion
 
     a = account(rt, credits=10)
     net = rt.extras["localnet"]
@@ -579,7 +581,7 @@ def test_a_sweep_locks_lapsing_memories_before_their_accounts(rt: Runtime, clock
     before it captures on the account row; renewal pauses before it holds. A sweep must
     take the same order, or a sweep and a registration for one account can deadlock on
     PostgreSQL. It used to release the account's bytes first."""
-    from walkeep.service import forget
+    from walkeep.service.tools import forget
 
     a = account(rt, credits=10)
     mid = _store(rt, a, "lapses unrenewed", "r1")
@@ -785,7 +787,7 @@ def test_a_pass_that_fails_mid_claim_still_waits_for_the_batch_being_recorded(
     monkeypatch.setattr(renew, "_claim_batch", second_claim_fails)
     monkeypatch.setattr(renew, "record", record_fails)
     with (
-        caplog.at_level(logging.ERROR, logger="walkeep.service.renew"),
+        caplog.at_level(logging.ERROR, logger="walkeep.service.jobs.renew"),
         pytest.raises(RuntimeError, match="claim failed"),
     ):
         renew.renew(rt)

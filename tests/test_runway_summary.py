@@ -15,9 +15,10 @@ from sqlalchemy import delete, insert, select, text, update
 from tests.helpers import account, epoch_seconds, land_all
 from walkeep.db.models import Blob, Memory, MemoryCounts
 from walkeep.lifecycle import LISTED, BlobStatus, MemoryStatus
-from walkeep.service import completion, forget, renew, runway, store, sweep
+from walkeep.service.jobs import completion, renew, sweep
 from walkeep.service.runtime import Runtime
-from walkeep.service.schemas import RunwayResult, RunwaySummary
+from walkeep.service.tools import forget, runway, store
+from walkeep.service.tools.schemas import RunwayResult, RunwaySummary
 
 COUNTED = {
     MemoryStatus.ACTIVE: "active",

@@ -10,7 +10,8 @@ from walkeep.bootstrap import build_runtime
 from walkeep.config import Settings
 from walkeep.errors import ConfigurationError
 from walkeep.scheduler.jobs import build_scheduler, job_intervals, schedule_note
-from walkeep.service import renew, runway, store
+from walkeep.service.jobs import renew
+from walkeep.service.tools import runway, store
 
 
 def _interval(rt, name: str) -> float:  # type: ignore[no-untyped-def]

@@ -27,8 +27,10 @@ from walkeep.index import segment as seglib
 from walkeep.index import terms as termlib
 from walkeep.index.embedder import HashEmbedder
 from walkeep.index.search import SearchIndex
-from walkeep.service import accounts, forget, recall, reindex, store
+from walkeep.service.jobs import reindex
+from walkeep.service.operators import accounts
 from walkeep.service.runtime import Runtime
+from walkeep.service.tools import forget, recall, store
 
 # --- the analyzer (pure) ----------------------------------------------------------------
 
@@ -388,7 +390,7 @@ def test_the_worker_backfill_job_says_what_it_did(
     _store(rt, acct, ["Okonkwo paid invoice 4411"])
     with rt.db.begin() as s:
         s.execute(update(Embedding).values(terms=None))
-    with caplog.at_level("INFO", logger="walkeep.service.reindex"):
+    with caplog.at_level("INFO", logger="walkeep.service.jobs.reindex"):
         report = reindex.backfill(rt)
     assert report.rows_backfilled == 1 and report.remaining == 0
     assert "search index backfill: 1 rows of 1 accounts got their terms, 0 remain" in caplog.text

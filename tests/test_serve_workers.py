@@ -33,7 +33,7 @@ from walkeep.config import Settings
 from walkeep.db import Database
 from walkeep.db.models import Account, Blob, JobRun, LedgerEntry, Memory
 from walkeep.errors import ConfigurationError
-from walkeep.service import accounts
+from walkeep.service.operators import accounts
 
 STORES = 120
 

@@ -19,8 +19,10 @@ from walkeep.errors import (
     RelayerUnavailable,
     ValidationError,
 )
-from walkeep.service import accounts, completion, runway, store, sweep, topup
+from walkeep.service.jobs import completion, sweep
+from walkeep.service.operators import accounts
 from walkeep.service.runtime import Runtime
+from walkeep.service.tools import runway, store, topup
 
 
 def _bal(rt: Runtime, a: str) -> ledger.Balance:

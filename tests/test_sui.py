@@ -67,8 +67,9 @@ from walkeep.config import Settings
 from walkeep.db.models import Blob, Renewal
 from walkeep.errors import ConfigurationError
 from walkeep.pricing import renewal_cost_mc, walrus_storage_cost_frost
-from walkeep.service import reconcile, renew, store
+from walkeep.service.jobs import reconcile, renew
 from walkeep.service.runtime import Runtime
+from walkeep.service.tools import store
 
 # notes §3.2: 32 × 0x41 as a Sui bech32 private key, and its address.
 KEY = "suiprivkey1qpq5zs2pg9q5zs2pg9q5zs2pg9q5zs2pg9q5zs2pg9q5zs2pg9q5z5u89z0"
@@ -968,7 +969,7 @@ def test_close_stops_the_loop_thread(node: FakeSuiNode) -> None:
 def test_the_renewal_pass_and_reconciliation_run_on_the_sui_adapter(  # type: ignore[no-untyped-def]
     rt: Runtime, clock: ManualClock, node: FakeSuiNode, make_chain
 ) -> None:
-    """walkeep.service.renew, unchanged, driving SuiChain: an on-chain abort releases the
+    """walkeep.service.jobs.renew, unchanged, driving SuiChain: an on-chain abort releases the
     hold; intent → submit → record; a lost reply is settled later by digest. Billed once."""
     acct = account(rt, credits=10)
     store.store(rt, acct, content="Renew me on Sui.", request_id="sui-1")

@@ -21,7 +21,7 @@ from walkeep.db import Database, Prepared, together
 from walkeep.db.models import Account, WriteJob, table
 from walkeep.db.together import MAX_TOGETHER, Aborted, Statement, Together
 from walkeep.mcp.server import Caller, build_mcp
-from walkeep.service import accounts
+from walkeep.service.operators import accounts
 
 # --- the queue itself, with a stand-in for PostgreSQL --------------------------------------
 

@@ -7,8 +7,8 @@ import pytest
 from tests.helpers import account, land_all
 from walkeep.errors import NotFound, ValidationError
 from walkeep.quilt import is_patch_id
-from walkeep.service import balance, export, forget, recall, runway, store
 from walkeep.service.runtime import Runtime
+from walkeep.service.tools import balance, export, forget, recall, runway, store
 
 
 def _stored(rt: Runtime, a: str, content: str, rid: str, **kw: object) -> str:

@@ -40,9 +40,9 @@ from walkeep.ledger import Kind
 from walkeep.payments.base import InvalidSignature
 from walkeep.payments.local import LocalPayments
 from walkeep.payments.stripe import StripePayments
-from walkeep.service import accounts
+from walkeep.service.operators import accounts
 from walkeep.service.runtime import Runtime
-from walkeep.service.topup import (
+from walkeep.service.tools.topup import (
     checkout_status,
     credit_checkout,
     handle_stripe_webhook,

@@ -18,8 +18,9 @@ from walkeep.config import Settings
 from walkeep.db.models import Blob, Memory, Renewal, RenewalItem
 from walkeep.errors import NotFound
 from walkeep.scheduler.jobs import run_job
-from walkeep.service import store, verify
+from walkeep.service.operators import verify
 from walkeep.service.runtime import Runtime
+from walkeep.service.tools import store
 
 
 def _renewed_world(rt: Runtime, clock: ManualClock) -> tuple[list[str], list[str]]:

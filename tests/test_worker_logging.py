@@ -42,7 +42,7 @@ def test_idle_runs_are_quiet_and_the_heartbeat_counts_them(
 
 
 def test_did_work_reads_pydantic_reports_and_never_hides_the_unknown() -> None:
-    from walkeep.service.topup import ReconcileReport
+    from walkeep.service.tools.topup import ReconcileReport
 
     assert not jobs.did_work(jobs.report_fields(ReconcileReport(pending=2)))
     assert jobs.did_work(jobs.report_fields(ReconcileReport(credited=1)))

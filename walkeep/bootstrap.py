@@ -287,7 +287,7 @@ def build_runtime(
         extras=extras,
     )
     if with_completer:
-        from walkeep.service.completion import Completer
+        from walkeep.service.jobs.completion import Completer
 
         rt.completer = Completer(rt)
     return rt

@@ -130,7 +130,7 @@ def account_create(
 ) -> None:
     """Create an account and its first API key (shown once)."""
     from walkeep import ledger
-    from walkeep.service import accounts
+    from walkeep.service.operators import accounts
 
     mc = _usd(credits_usd, "--credits-usd")
     db = open_db()
@@ -170,7 +170,7 @@ def key_create(
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Create another API key for an account (shown once)."""
-    from walkeep.service import accounts
+    from walkeep.service.operators import accounts
 
     db = open_db()
     created = accounts.create_key(db, _resolve_account(db, account), default_namespace=namespace)
@@ -184,7 +184,7 @@ def key_create(
 @key_app.command("revoke")
 def key_revoke(prefix: Annotated[str, typer.Argument(help="The key's display prefix.")]) -> None:
     """Revoke an API key by its display prefix (e.g. wk_live_AbCd1234)."""
-    from walkeep.service import accounts
+    from walkeep.service.operators import accounts
 
     db = open_db()
     account_id = accounts.revoke_key(db, prefix)
@@ -200,12 +200,12 @@ def credits_grant(
 ) -> None:
     """Grant credits to an account (promotions, support, corrections)."""
     from walkeep import ledger
-    from walkeep.service import accounts
+    from walkeep.service.operators import accounts
 
     mc = _usd(usd, "--usd")
     if mc == 0:
         raise CliError("--usd must be positive")
-    from walkeep.service.renew import current_epoch_or_none
+    from walkeep.service.pausing import current_epoch_or_none
 
     rt = _runtime()  # the chain's epoch: paused memories resume now, lapsed ones never
     account_id = _resolve_account(rt.db, account)
@@ -231,7 +231,7 @@ def balance(
 ) -> None:
     """Show an account's credits (1 credit = 1 US cent)."""
     from walkeep import ledger
-    from walkeep.service import accounts
+    from walkeep.service.operators import accounts
 
     db = open_db()
     acct = accounts.get_account(db, _resolve_account(db, account))
@@ -274,7 +274,7 @@ def first_run(settings: Settings, db: Database, *, show_key: bool | None = None)
     """
     from walkeep import ledger
     from walkeep.onboarding import client_configs, credentials_path, write_credentials
-    from walkeep.service import accounts
+    from walkeep.service.operators import accounts
 
     if accounts.find_account_by_name(db, "default") is not None or _has_accounts(db):
         return None
@@ -600,7 +600,7 @@ def _check_port(port: int, flag: str) -> None:
 
 
 def _resolve_account(db: Database, ref: str) -> str:
-    from walkeep.service import accounts
+    from walkeep.service.operators import accounts
 
     if ref.startswith("acct_"):
         return ref
@@ -631,7 +631,7 @@ def index_rebuild(
     Fills in what older versions did not index (word hashes), indexes visible memories
     that have no index rows, and writes each account's segment under <data_dir>/index.
     Safe beside a running server, and resumable: run it again to continue."""
-    from walkeep.service import reindex
+    from walkeep.service.jobs import reindex
 
     rt = _runtime()
     bars: dict[str, Any] = {}
@@ -701,7 +701,7 @@ def account_list(as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)
     worst first (lapsed or paused memories, then the least runway)."""
     from walkeep import ledger
     from walkeep.bootstrap import build_runtime
-    from walkeep.service import console
+    from walkeep.service.operators import console
 
     settings = _settings()
     open_db(settings).dispose()
@@ -736,7 +736,7 @@ def statement(
     as_csv: Annotated[bool, typer.Option("--csv", help="CSV on stdout.")] = False,
 ) -> None:
     """Every ledger entry of a period with its running balance; totals reconcile."""
-    from walkeep.service import statements
+    from walkeep.service.operators import statements
 
     first = statements.parse_day(start, "--from")
     last = statements.parse_day(end, "--to")
@@ -776,7 +776,7 @@ def console_link(
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Print a one-time console sign-in link (single use, expires in 15 minutes)."""
-    from walkeep.service import console
+    from walkeep.service.operators import console
 
     if admin == (account is not None):
         raise CliError("give either --account NAME or --admin")
@@ -798,7 +798,7 @@ def console_link(
     )
 
 
-# --- alerts and audits (walkeep/service/alerts.py, walkeep/service/verify.py) ---------------
+# --- alerts and audits (walkeep/service/alerts.py, walkeep/service/operators/verify.py) ---------------
 
 alerts_app = typer.Typer(help="Webhook alerts before anything pauses.", no_args_is_help=True)
 app.add_typer(alerts_app, name="alerts")
@@ -957,7 +957,7 @@ def verify(
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Audit renewals against the chain: one PASS/FAIL line per fact, non-zero on any FAIL."""
-    from walkeep.service import verify as audit
+    from walkeep.service.operators import verify as audit
 
     if (digest is None) == (memory is None):
         raise CliError("give exactly one of DIGEST or --memory mem_…")

@@ -1,7 +1,7 @@
 """A small typed Python client for Walkeep's REST mirror (``/v1``).
 
 For agents and scripts that do not speak MCP. Methods are named after the tools and
-return the same typed results (``walkeep.service.schemas``); a failure raises the
+return the same typed results (``walkeep.service.tools.schemas``); a failure raises the
 matching ``walkeep.errors`` subclass (``InsufficientBalance``, ``NotFound``, …) built
 from the ``{code, message, data}`` envelope, so ``err.data`` says what to do next.
 Transport failures (connection refused, timeouts) are httpx's own exceptions.
@@ -37,7 +37,7 @@ from pydantic import BaseModel
 
 from walkeep import __version__
 from walkeep.errors import Internal, WalkeepError, from_body
-from walkeep.service.schemas import (
+from walkeep.service.tools.schemas import (
     BalanceResult,
     ExportMemory,
     ExportResult,

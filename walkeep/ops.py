@@ -256,7 +256,7 @@ def smoke(
     from walkeep.bootstrap import build_runtime
     from walkeep.db import Database
     from walkeep.db import migrate as migrations
-    from walkeep.service import accounts
+    from walkeep.service.operators import accounts
 
     public_url = server_public_url(settings)
     settings = settings.model_copy(
@@ -318,7 +318,8 @@ def _smoke_run(
     from sqlalchemy import select
 
     from walkeep.db.models import Blob, Memory
-    from walkeep.service import completion, renew, runway, store
+    from walkeep.service.jobs import completion, renew
+    from walkeep.service.tools import runway, store
 
     started = time.monotonic()
     say(f"network {rt.chain.network}, storage {rt.relayer.name}, wallet {rt.chain.owner_address()}")
@@ -370,7 +371,8 @@ def _smoke_cleanup(rt: Any, account_id: str, grant_ref: str, memory_ids: list[st
     """Forget the test memory and take back what is left of this run's grant."""
     from walkeep import ledger
     from walkeep.errors import WalkeepError
-    from walkeep.service import accounts, forget
+    from walkeep.service.operators import accounts
+    from walkeep.service.tools import forget
 
     notes: list[str] = []
     for mid in memory_ids:

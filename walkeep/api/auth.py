@@ -36,7 +36,7 @@ from walkeep.errors import (
     jsonrpc_body,
 )
 from walkeep.mcp.server import Caller, current_caller
-from walkeep.service import accounts
+from walkeep.service.operators import accounts
 from walkeep.service.runtime import Runtime
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 Server-rendered Jinja2 templates (``walkeep/api/templates``), one stylesheet
 served from the package, charts as inline SVG (``walkeep.api.charts``): no
 JavaScript, no CDN, works offline. Pages are thin: authenticate, call one
-service function (``walkeep.service.console`` / ``statements`` / ``topup``),
+service function (``walkeep.service.operators.console`` / ``statements`` / ``topup``),
 render.
 
 Sessions are signed cookies (itsdangerous; secret from
@@ -50,11 +50,13 @@ from walkeep import __version__, ids, ledger
 from walkeep.api import charts
 from walkeep.config import Settings
 from walkeep.errors import Internal, Unauthorized, WalkeepError
-from walkeep.service import accounts, alerts, statements, topup, verify
-from walkeep.service import console as svc
-from walkeep.service.ratelimit import RateLimiter
+from walkeep.service import alerts
+from walkeep.service.operators import accounts, statements, verify
+from walkeep.service.operators import console as svc
 from walkeep.service.runtime import Runtime
-from walkeep.service.views import short_duration
+from walkeep.service.tools import topup
+from walkeep.service.tools.ratelimit import RateLimiter
+from walkeep.service.tools.views import short_duration
 
 log = logging.getLogger(__name__)
 

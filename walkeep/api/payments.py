@@ -29,7 +29,7 @@ from walkeep.api.console import operator_for
 from walkeep.errors import NotFound, WalkeepError
 from walkeep.payments.base import InvalidSignature, MalformedEvent
 from walkeep.service.runtime import Runtime
-from walkeep.service.topup import (
+from walkeep.service.tools.topup import (
     CheckoutStatus,
     checkout_status,
     handle_stripe_webhook,

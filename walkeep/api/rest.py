@@ -17,10 +17,10 @@ from starlette.concurrency import run_in_threadpool
 from walkeep.api.auth import KeyCache, bearer_token, unauthorized
 from walkeep.errors import Unauthorized
 from walkeep.mcp.server import Caller
-from walkeep.service import balance, export, forget, recall, runway, store
-from walkeep.service.ratelimit import charge_call
 from walkeep.service.runtime import Runtime
-from walkeep.service.schemas import (
+from walkeep.service.tools import balance, export, forget, recall, runway, store
+from walkeep.service.tools.ratelimit import charge_call
+from walkeep.service.tools.schemas import (
     BalanceResult,
     ErrorBody,
     ExportResult,
@@ -195,7 +195,7 @@ async def balance_route(who: Auth, rt: Rt) -> BalanceResult:
 
 @router.post("/top_up", response_model=TopUpResult, summary="Checkout link for prepaid credits")
 async def top_up_route(body: TopUpIn, who: Auth, rt: Rt) -> TopUpResult:
-    from walkeep.service import topup
+    from walkeep.service.tools import topup
 
     return await call(  # type: ignore[no-any-return]
         rt, who, "top_up", topup.top_up, amount_usd=body.amount_usd, request_id=body.request_id

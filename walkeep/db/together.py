@@ -1,6 +1,6 @@
 """On the event loop, statements that arrive while another is in flight go out together.
 
-Why: a store's claim is one statement (walkeep/service/store.py), run on the event loop
+Why: a store's claim is one statement (walkeep/service/tools/store.py), run on the event loop
 (``Database.on_loop``). Sent one by one, each cost a round trip, a wake-up of a
 PostgreSQL backend, a commit with its WAL flush, and a turn in PostgreSQL's queue for
 the account's row. On this two-core machine, shared by the server, its clients and

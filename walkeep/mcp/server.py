@@ -41,10 +41,10 @@ from walkeep.errors import (
     WalkeepError,
 )
 from walkeep.nowait import WouldWait, no_wait
-from walkeep.service import balance, export, forget, recall, runway, store
-from walkeep.service.ratelimit import charge_call
 from walkeep.service.runtime import Runtime
-from walkeep.service.schemas import (
+from walkeep.service.tools import balance, export, forget, recall, runway, store
+from walkeep.service.tools.ratelimit import charge_call
+from walkeep.service.tools.schemas import (
     BalanceResult,
     ExportResult,
     ForgetResult,
@@ -490,7 +490,7 @@ def build_mcp(
         request_id once paid. Idempotent per request_id: a replay returns the same link.
         Errors: VALIDATION_ERROR (amount out of bounds), PAYMENTS_UNAVAILABLE (retry with
         the same request_id)."""
-        from walkeep.service import topup
+        from walkeep.service.tools import topup
 
         return await run("top_up", topup.top_up, amount_usd=amount_usd, request_id=request_id)
 

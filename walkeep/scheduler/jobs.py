@@ -29,9 +29,10 @@ from apscheduler.schedulers.blocking import BlockingScheduler
 from walkeep import metrics
 from walkeep.config import Settings
 from walkeep.errors import ConfigurationError
-from walkeep.service import completion, console, reconcile, reindex, renew, sweep
+from walkeep.service.jobs import completion, reconcile, reindex, renew, sweep
+from walkeep.service.operators import console
 from walkeep.service.runtime import Runtime
-from walkeep.service.views import short_duration
+from walkeep.service.tools.views import short_duration
 
 log = logging.getLogger("walkeep.worker")
 
@@ -41,7 +42,7 @@ _STATE_FIELDS = frozenset({"pending", "waiting", "skipped"})
 
 
 def _reconcile_payments(rt: Runtime) -> Any:
-    from walkeep.service import topup
+    from walkeep.service.tools import topup
 
     return topup.reconcile_payments(rt)
 

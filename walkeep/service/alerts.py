@@ -52,7 +52,7 @@ from walkeep import egress, ledger
 from walkeep.db.models import Account, AlertDelivery, AlertEvent, AlertSettings
 from walkeep.errors import NotFound, ValidationError
 from walkeep.ids import _token
-from walkeep.service.balance import renewal_burn_mc_per_epoch
+from walkeep.service.renewal_price import renewal_burn_mc_per_epoch
 from walkeep.service.runtime import Runtime
 
 log = logging.getLogger(__name__)

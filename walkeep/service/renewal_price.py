@@ -1,7 +1,7 @@
 """What renewing a blob costs its account: a plain blob's units, or a quilt's kept shares.
 
 One home for the price of a renewal, shared by the renewal pass (what it holds
-and captures), ``check_balance`` (what the balance funds) and the alerts
+and captures), ``check_balance`` (what the balance funds), the console and the alerts
 (``balance.low``), so they can never disagree.
 """
 
@@ -12,9 +12,10 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from walkeep import pricing
-from walkeep.db.models import Memory
-from walkeep.lifecycle import MemoryStatus
+from walkeep import lifecycle, pricing
+from walkeep.db.models import Blob, Memory
+from walkeep.lifecycle import BlobStatus, MemoryStatus
+from walkeep.service.runtime import Runtime
 
 ACTIVE_ONLY = (MemoryStatus.ACTIVE,)
 KEPT = (MemoryStatus.ACTIVE, MemoryStatus.PAUSED)
@@ -46,3 +47,30 @@ def blob_renewal_cost_mc(blob: Any, shares: dict[int, int], epochs: int, price: 
     if blob.kind == "quilt":
         return pricing.share_renewal_cost_mc(shares.get(blob.id, 0), epochs, price)
     return pricing.renewal_cost_mc(blob.storage_size, epochs, price)
+
+
+def renewal_burn_mc_per_epoch(rt: Runtime, account_id: str) -> tuple[int, int | None]:
+    """(cost of renewing every kept blob for one epoch, their shortest runway)."""
+    current = rt.chain.current_epoch()
+    kept = (
+        select(Blob.id, Blob.kind, Blob.storage_size, Blob.end_epoch)
+        .join(Memory, Memory.blob_pk == Blob.id)
+        .where(
+            Memory.account_id == account_id,
+            Memory.status.in_([MemoryStatus.ACTIVE, MemoryStatus.PAUSED]),
+            Blob.status == BlobStatus.LIVE,
+            Blob.end_epoch > current,
+        )
+        .distinct()
+    )
+    burn = 0
+    runways: list[int] = []
+    price = rt.settings.renewal_price_mc_per_unit_epoch
+    with rt.db.read() as s:
+        blobs = list(s.execute(kept))
+        shares = quilt_shares(s, [b.id for b in blobs if b.kind == "quilt"], KEPT)
+    for b in blobs:
+        # A quilt costs the account only its members' shares (their real price).
+        burn += blob_renewal_cost_mc(b, shares, 1, price)
+        runways.append(lifecycle.runway(b.end_epoch, current))
+    return burn, (min(runways) if runways else None)

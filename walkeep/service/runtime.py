@@ -8,7 +8,7 @@ and tests build a Runtime around a ManualClock and local backends.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from walkeep.backends.base import Chain, Relayer
 from walkeep.clock import Clock
@@ -17,8 +17,21 @@ from walkeep.db import Database
 from walkeep.payments.base import Payments
 from walkeep.pressure import Pressure
 
-if TYPE_CHECKING:
-    from walkeep.service.completion import Completer
+
+class WriteQueue(Protocol):
+    """Finishes accepted writes in the background (jobs/completion.py's ``Completer``).
+
+    A protocol, not the class: the tools hand it work and the entrypoints start and
+    stop it, and none of them should import the job that does it (bootstrap injects it).
+    """
+
+    max_sleep: float
+
+    def start(self) -> None: ...
+    def stop(self, timeout: float = 5.0) -> None: ...
+    def submit(self, memory_id: str, delay: float = 0.0) -> None: ...
+    def pending(self) -> int: ...
+    def wait_idle(self, timeout: float = 10.0) -> bool: ...
 
 
 @dataclass
@@ -29,7 +42,7 @@ class Runtime:
     chain: Chain
     relayer: Relayer
     payments: Payments
-    completer: Completer | None = None
+    completer: WriteQueue | None = None
     # Requests in flight in this process; background work steps aside for a burst.
     pressure: Pressure = field(default_factory=Pressure)
     # Anything a component wants to keep per process (caches, test hooks).

@@ -56,11 +56,12 @@ from walkeep.errors import (
     WalkeepError,
 )
 from walkeep.lifecycle import MemoryStatus
-from walkeep.service import idempotency
-from walkeep.service.accounts import validate_namespace
+from walkeep.service.namespaces import validate_namespace
+from walkeep.service.pipeline import SETTLED, fail_attempt, hold_ref, job_key
 from walkeep.service.runtime import Runtime
-from walkeep.service.schemas import StoreResult
-from walkeep.service.topup import MIN_CENTS as TOPUP_MIN_CENTS
+from walkeep.service.tools import idempotency
+from walkeep.service.tools.schemas import StoreResult
+from walkeep.service.tools.topup import MIN_CENTS as TOPUP_MIN_CENTS
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +70,6 @@ TOOL = "store"
 JOIN_WAIT_SECONDS = 20.0
 # Claims of a request_id that no row explains before giving up (see store()).
 CLAIM_TRIES = 3
-SETTLED = frozenset(
-    {MemoryStatus.ACTIVE, MemoryStatus.PAUSED, MemoryStatus.NO_RENEW, MemoryStatus.EXPIRED}
-)
 
 
 @dataclass(slots=True)
@@ -98,21 +96,6 @@ class Claimed:
 
 # A memory being accepted: just claimed, or a failed one retried (loaded, so ORM).
 AnyMemory = Memory | Claimed
-
-
-def hold_ref(memory_id: str, attempt: int) -> str:
-    return f"store:{memory_id}:{attempt}"
-
-
-def job_key(memory_id: str, attempt: int) -> str:
-    """The relayer idempotency key: one per attempt, so a retry is a new write."""
-    return f"{memory_id}:{attempt}"
-
-
-def parse_job_key(key: str) -> tuple[str, int] | None:
-    """(memory_id, attempt) from a relayer idempotency key, or None if not ours."""
-    memory_id, sep, attempt = key.rpartition(":")
-    return (memory_id, int(attempt)) if sep and attempt.isdigit() else None
 
 
 def validate_metadata(rt: Runtime, metadata: dict[str, str] | None) -> dict[str, str]:
@@ -577,38 +560,6 @@ def _accept(
     if rt.completer is not None:
         rt.completer.submit(memory.id)
     return _result(memory, "storing", note)
-
-
-def fail_attempt(
-    sess: Session,
-    memory: AnyMemory,
-    attempt: int,
-    reason: str,
-    now: datetime,
-    *,
-    from_status: MemoryStatus | None,
-) -> bool:
-    """This attempt did not land: the memory fails, its hold and usage are released, its
-    request may be retried. Conditional on ``from_status`` (None: unconditional) and on
-    the attempt, so only one of several racing settlers does it. True if it did."""
-    cond = [Memory.id == memory.id, Memory.attempt == attempt]
-    if from_status is not None:
-        cond.append(Memory.status == from_status)
-    res = sess.execute(
-        update(Memory)
-        .where(*cond)
-        .values(status=MemoryStatus.FAILED, failure_reason=reason[:500], status_changed_at=now)
-    )
-    if rowcount(res) != 1:
-        return False
-    ledger.release(sess, memory.account_id, hold_ref(memory.id, attempt), memo=reason[:200])
-    usage.release(sess, memory.account_id, memory.size_bytes)
-    sess.execute(
-        update(Request)
-        .where(Request.account_id == memory.account_id, Request.memory_id == memory.id)
-        .values(status="failed", updated_at=now)
-    )
-    return True
 
 
 def _undo_claim(rt: Runtime, memory: AnyMemory, attempt: int, reason: str) -> None:

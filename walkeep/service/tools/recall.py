@@ -21,9 +21,9 @@ from walkeep.backends.base import SearchHit
 from walkeep.db.models import Blob, Memory
 from walkeep.errors import NotFound, ValidationError
 from walkeep.lifecycle import VISIBLE
-from walkeep.service.accounts import validate_namespace
+from walkeep.service.namespaces import validate_namespace
 from walkeep.service.runtime import Runtime
-from walkeep.service.schemas import RecallHit, RecallResult
+from walkeep.service.tools.schemas import RecallHit, RecallResult
 
 log = logging.getLogger(__name__)
 

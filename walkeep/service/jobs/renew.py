@@ -69,11 +69,12 @@ from walkeep.backends.base import (
     PreparedTx,
     TxEffects,
 )
-from walkeep.db import insert_rows, rowcount
+from walkeep.db import insert_rows
 from walkeep.db.models import Account, Blob, Memory, Renewal, RenewalItem, table
 from walkeep.errors import InsufficientBalance
 from walkeep.lifecycle import BlobStatus, MemoryStatus
 from walkeep.service import alerts
+from walkeep.service.pausing import resume_paused
 from walkeep.service.renewal_price import (
     ACTIVE_ONLY,
     KEPT,
@@ -115,52 +116,6 @@ _RECORD_ITEMS = (
 
 def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def current_epoch_or_none(rt: Runtime) -> int | None:
-    """The chain's current epoch, or None when it does not answer (a credit must never
-    fail because the chain is unreachable: the renewal pass resumes memories later)."""
-    try:
-        return rt.chain.current_epoch()
-    except Exception as exc:  # best effort by design: the credit itself must go through
-        log.warning("current epoch unknown (%r): paused memories resume on the next pass", exc)
-        return None
-
-
-def resume_paused(session: Session, account_id: str, current_epoch: int | None) -> int:
-    """After credits arrive, paused memories become active again (no one has to act).
-
-    Only memories whose paid runway has not run out: a blob past its end epoch is gone
-    on chain and nothing resumes it (the sweep marks its memories expired and sends
-    ``memories.expired``). Counting those as resumed told an operator that lapsed
-    memories were safe. With ``current_epoch`` None (chain unreachable) nothing is
-    resumed here; the renewal pass does it once the chain answers.
-
-    The next renewal pass renews those that are due; if the money still does
-    not stretch that far they are paused again. Returns how many resumed.
-    """
-    if current_epoch is None or ledger.balance(session, account_id).available_mc <= 0:
-        return 0
-    now = session.info["clock"].now()
-    alive = select(Blob.id).where(
-        Blob.account_id == account_id,
-        Blob.status == BlobStatus.LIVE,
-        Blob.end_epoch > current_epoch,
-    )
-    res = session.execute(
-        update(Memory)
-        .where(
-            Memory.account_id == account_id,
-            Memory.status == MemoryStatus.PAUSED,
-            Memory.blob_pk.in_(alive),
-        )
-        .values(status=MemoryStatus.ACTIVE, status_changed_at=now)
-    )
-    resumed = rowcount(res)
-    # --- alert (same transaction as the resume) ---
-    if resumed:
-        alerts.emit(session, account_id, "memories.resumed", {"resumed_memories": resumed})
-    return resumed
 
 
 @dataclass
@@ -256,7 +211,7 @@ def _renew(rt: Runtime, *, max_batches: int | None, worker: str | None) -> Renew
     worker = worker or worker_name()
     report.resumed_memories = resume_eligible(rt)
     # Mostly-forgotten quilts are re-packed instead of extended, when cheaper.
-    from walkeep.service import compaction
+    from walkeep.service.jobs import compaction
 
     report.compactions = compaction.start(rt).started
     batches = 0
@@ -824,7 +779,5 @@ __all__ = [
     "CrashForTest",
     "InsufficientBalance",
     "RenewReport",
-    "current_epoch_or_none",
     "renew",
-    "resume_paused",
 ]

@@ -1,7 +1,7 @@
 """Settle renewal intents that a crash or an unknown outcome left behind.
 
 A renewal records its chain transaction as an *intent* before submitting it
-(walkeep/service/renew.py). If the worker dies between submit and record, or the
+(walkeep/service/jobs/renew.py). If the worker dies between submit and record, or the
 chain's answer never arrived, the intent stays. Once it is older than
 ``INTENT_GRACE_SECONDS`` (it may still be in flight in the worker that made it), this
 asks the chain about its digest: applied → record and capture exactly once; not
@@ -20,7 +20,7 @@ from sqlalchemy import select
 
 from walkeep.backends.base import ChainError
 from walkeep.db.models import Blob, Renewal, RenewalItem
-from walkeep.service import renew
+from walkeep.service.jobs import renew
 from walkeep.service.runtime import Runtime
 
 log = logging.getLogger(__name__)

@@ -54,9 +54,9 @@ from walkeep.ledger import MC_PER_CREDIT, Kind
 from walkeep.payments.base import CheckoutRequest, PaymentEvent, ProviderSession
 from walkeep.payments.local import LocalPayments, local_session_id
 from walkeep.service import alerts
-from walkeep.service.renew import current_epoch_or_none, resume_paused
+from walkeep.service.pausing import current_epoch_or_none, resume_paused
 from walkeep.service.runtime import Runtime
-from walkeep.service.schemas import TopUpResult
+from walkeep.service.tools.schemas import TopUpResult
 
 log = logging.getLogger(__name__)
 

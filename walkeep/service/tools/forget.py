@@ -16,10 +16,10 @@ from sqlalchemy.exc import IntegrityError
 
 from walkeep.db.models import Memory, Request
 from walkeep.lifecycle import MemoryStatus
-from walkeep.service import idempotency
 from walkeep.service.runtime import Runtime
-from walkeep.service.schemas import ForgetResult
-from walkeep.service.views import approx_epoch_start, resolve
+from walkeep.service.tools import idempotency
+from walkeep.service.tools.schemas import ForgetResult
+from walkeep.service.tools.views import approx_epoch_start, resolve
 
 TOOL = "forget"
 

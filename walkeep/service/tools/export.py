@@ -32,9 +32,9 @@ from sqlalchemy import and_, or_, select
 from walkeep.db.models import Blob, Memory
 from walkeep.errors import ValidationError
 from walkeep.lifecycle import VISIBLE
-from walkeep.service.accounts import validate_namespace
+from walkeep.service.namespaces import validate_namespace
 from walkeep.service.runtime import Runtime
-from walkeep.service.schemas import ExportMemory, ExportResult, OwnershipProof
+from walkeep.service.tools.schemas import ExportMemory, ExportResult, OwnershipProof
 
 PAGE_MAX = 1000
 CURSOR_MAX_CHARS = 512

@@ -38,11 +38,16 @@ from walkeep.db import rowcount
 from walkeep.db.models import Blob, Memory
 from walkeep.errors import WalkeepError
 from walkeep.lifecycle import BlobStatus, MemoryStatus
+from walkeep.service.pipeline import (
+    COMPACT_KEY_PREFIX,
+    compact_job_key,
+    parse_compact_key,
+    upsert_blob,
+)
 from walkeep.service.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
-KEY_PREFIX = "compact:"
 # How long a quilt is held back from renewal while its members move. Generous:
 # the writes are ordinary queued writes; if they have not landed by then the
 # old quilt is renewed as before (its members never moved).
@@ -61,17 +66,6 @@ class CompactReport:
     started: int = 0
     patches: int = 0
     moved_memories: int = 0
-
-
-def job_key(quilt_pk: int, patch_id: str) -> str:
-    return f"{KEY_PREFIX}{quilt_pk}:{patch_id}"
-
-
-def parse_key(key: str) -> tuple[int, str] | None:
-    if not key.startswith(KEY_PREFIX):
-        return None
-    pk, sep, patch_id = key[len(KEY_PREFIX) :].partition(":")
-    return (int(pk), patch_id) if sep and pk.isdigit() and patch_id else None
 
 
 def worth_it(
@@ -125,7 +119,7 @@ def start(rt: Runtime) -> CompactReport:
                     .group_by(Memory.blob_id)
                 )
             )
-        if relayer.unfinished_jobs(f"{KEY_PREFIX}{quilt_pk}:"):  # type: ignore[attr-defined]
+        if relayer.unfinished_jobs(f"{COMPACT_KEY_PREFIX}{quilt_pk}:"):  # type: ignore[attr-defined]
             continue  # a move is already under way
         live = [(pid, size, ns) for pid, size, ns, n_live in patches if n_live and pid]
         total = sum(size for _, size, _, _ in patches)
@@ -139,7 +133,7 @@ def start(rt: Runtime) -> CompactReport:
                     account_id=account_id,
                     namespace=namespace,
                     patch_id=patch_id,
-                    idempotency_key=job_key(quilt_pk, patch_id),
+                    idempotency_key=compact_job_key(quilt_pk, patch_id),
                     epochs=s_.target_runway_epochs,
                 )
         except WalkeepError as exc:
@@ -165,13 +159,12 @@ def finish(rt: Runtime, landed: list[tuple[str, str, JobStatus]]) -> int:
     Each job is applied once (its status goes ``landed`` → ``applied`` in the
     same transaction as the move).
     """
-    from walkeep.service.completion import upsert_blob
 
     mark_applied = rt.relayer.mark_applied_in  # type: ignore[attr-defined]
     moved = 0
     threshold = rt.settings.renew_threshold_epochs
     for job_id, key, st in landed:
-        parsed = parse_key(key)
+        parsed = parse_compact_key(key)
         if parsed is None or st.state != JobState.LANDED or st.blob is None or not st.patch_id:
             continue
         old_pk, old_patch = parsed
@@ -206,4 +199,4 @@ def finish_landed(rt: Runtime, limit: int = 1000) -> int:
     landed = getattr(rt.relayer, "landed_jobs", None)
     if landed is None:
         return 0
-    return finish(rt, landed(KEY_PREFIX, limit))
+    return finish(rt, landed(COMPACT_KEY_PREFIX, limit))

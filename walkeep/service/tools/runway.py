@@ -29,8 +29,8 @@ from walkeep import lifecycle
 from walkeep.db.models import BigId, Blob, Memory, MemoryCounts, table
 from walkeep.lifecycle import BlobStatus, MemoryStatus
 from walkeep.service.runtime import Runtime
-from walkeep.service.schemas import RunwayMemory, RunwayResult, RunwaySummary
-from walkeep.service.views import resolve
+from walkeep.service.tools.schemas import RunwayMemory, RunwayResult, RunwaySummary
+from walkeep.service.tools.views import resolve
 
 SUMMARY_LIST_MAX = 100
 # Landed and not swept: shown "expired" as soon as their blob's end_epoch has passed.

@@ -36,8 +36,9 @@ from walkeep.db.models import (
 )
 from walkeep.errors import NotFound, Unauthorized, ValidationError
 from walkeep.lifecycle import LISTED, BlobStatus, MemoryStatus
-from walkeep.service.balance import check_balance, renewal_burn_mc_per_epoch
+from walkeep.service.renewal_price import renewal_burn_mc_per_epoch
 from walkeep.service.runtime import Runtime
+from walkeep.service.tools.balance import check_balance
 
 MEMORIES_PAGE_SIZE = 25
 RECENT_ROWS = 20

@@ -6,7 +6,6 @@ short display prefix, so a leaked database does not leak working keys.
 
 from __future__ import annotations
 
-import unicodedata
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -18,9 +17,8 @@ from walkeep.db import Database
 from walkeep.db.models import Account, ApiKey, ConsoleSession
 from walkeep.errors import NotFound, Unauthorized, ValidationError
 from walkeep.ledger import Kind
-from walkeep.service.renew import resume_paused
-
-NAMESPACE_MAX_BYTES = 255
+from walkeep.service.namespaces import validate_namespace
+from walkeep.service.pausing import resume_paused
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,28 +45,6 @@ class Principal:
     account_id: str
     key_id: str
     default_namespace: str | None
-
-
-def validate_namespace(namespace: str, field: str = "namespace") -> str:
-    """The namespace as stored and compared: NFC-normalised, so "é" typed precomposed or
-    decomposed is one namespace. Refuses blank ones and characters the databases can't
-    store (the same answer on SQLite and PostgreSQL). Callers must use the returned value.
-    """
-    if not isinstance(namespace, str):
-        raise ValidationError(f"{field} must be a string", {"field": field})
-    ids.check_identifier(namespace, field)
-    namespace = unicodedata.normalize("NFC", namespace)
-    n = len(namespace.encode("utf-8"))
-    if n < 1 or n > NAMESPACE_MAX_BYTES:
-        raise ValidationError(
-            f"{field} must be 1–{NAMESPACE_MAX_BYTES} UTF-8 bytes (got {n})",
-            {"field": field, "min_bytes": 1, "max_bytes": NAMESPACE_MAX_BYTES, "bytes": n},
-        )
-    if not namespace.strip():
-        raise ValidationError(
-            f"{field} must not be blank (whitespace only)", {"field": field, "reason": "blank"}
-        )
-    return namespace
 
 
 def create_account(

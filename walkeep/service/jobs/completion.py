@@ -30,15 +30,21 @@ from typing import Any
 
 from sqlalchemy import bindparam, select, update
 
-from walkeep import ledger, lifecycle
-from walkeep.backends.base import BlobObject, JobState, JobStatus
-from walkeep.db import insert_if_absent
+from walkeep import ledger
+from walkeep.backends.base import JobState, JobStatus
 from walkeep.db.models import Blob, Memory, Request, table
 from walkeep.errors import WalkeepError
 from walkeep.lifecycle import BlobStatus, MemoryStatus
-from walkeep.service import compaction
+from walkeep.service.jobs import compaction
+from walkeep.service.pipeline import (
+    COMPACT_KEY_PREFIX,
+    fail_attempt,
+    hold_ref,
+    job_key,
+    parse_job_key,
+    upsert_blob,
+)
 from walkeep.service.runtime import Runtime
-from walkeep.service.store import fail_attempt, hold_ref, job_key, parse_job_key
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +142,7 @@ def drain_due(rt: Runtime, limit: int = BATCH) -> Drained:
     by_memory: dict[str, tuple[int, JobStatus]] = {}
     moves: list[tuple[str, str, JobStatus]] = []
     for job_id, key, status in taken:
-        if key.startswith(compaction.KEY_PREFIX):
+        if key.startswith(COMPACT_KEY_PREFIX):
             moves.append((job_id, key, status))
             continue
         parsed = parse_job_key(key)
@@ -351,18 +357,6 @@ _KEPT_COPIES = (
     )
     .order_by(_B.c.end_epoch.desc())
 )
-_BLOB_BY_OBJECT = select(_B.c.id, _B.c.status).where(_B.c.blob_object_id == bindparam("p_object"))
-_SHARED_BLOB = (
-    select(_B.c.id)
-    .where(
-        _B.c.account_id == bindparam("p_account"),
-        _B.c.blob_id == bindparam("p_blob_id"),
-        _B.c.status == BlobStatus.LIVE,
-        _B.c.end_epoch >= bindparam("p_end_epoch"),
-    )
-    .order_by(_B.c.end_epoch.desc())
-    .limit(1)
-)
 # A kept (landed, not forgotten, not lapsed) packed copy of the same content.
 _KEPT_COPY = (
     select(_M.c.blob_pk, _M.c.blob_id, _M.c.share_micro)
@@ -377,46 +371,6 @@ _KEPT_COPY = (
     .order_by(_B.c.end_epoch.desc())
     .limit(1)
 )
-
-
-def upsert_blob(  # type: ignore[no-untyped-def]
-    s, account_id: str, obj: BlobObject, now, threshold: int, *, live: bool, patch_count=None
-) -> int:
-    """The blob row for this landed object, reusing the account's existing live blob
-    with the same blob_id (identical content shares one renewal). A quilt's row is
-    made by its first member and found by the others."""
-    existing = s.execute(_BLOB_BY_OBJECT, {"p_object": obj.blob_object_id}).first()
-    if existing is not None:
-        if live and existing.status == BlobStatus.ORPHAN:
-            # The sweep saw this object before its write was registered: adopt it
-            # (a quilt is only known to be one from its members' results).
-            kind = {"kind": "quilt", "patch_count": patch_count} if patch_count else {}
-            s.execute(
-                update(Blob)
-                .where(Blob.id == existing.id)
-                .values(status=BlobStatus.LIVE, account_id=account_id, updated_at=now, **kind)
-            )
-        return int(existing.id)
-    shared = None
-    if live and patch_count is None:
-        shared = s.scalar(
-            _SHARED_BLOB,
-            {"p_account": account_id, "p_blob_id": obj.blob_id, "p_end_epoch": obj.end_epoch},
-        )
-    # A duplicate object of content we already keep alive is left to lapse.
-    status = BlobStatus.LIVE if live and shared is None else BlobStatus.ORPHAN
-    row = lifecycle.blob_row(obj, account_id, status, now, threshold, patch_count=patch_count)
-    # ON CONFLICT, not an insert caught as IntegrityError: another process (a second
-    # web process's completer, or the sweep recording it as an orphan) may have
-    # inserted this object meanwhile; then its row is the one.
-    new_id = insert_if_absent(s, _B, row, ["blob_object_id"])
-    if new_id is None:
-        again = s.scalar(
-            _BLOB_BY_OBJECT.with_only_columns(_B.c.id), {"p_object": obj.blob_object_id}
-        )
-        assert again is not None
-        return int(again)
-    return int(shared) if shared is not None else int(new_id)
 
 
 def _fail_late(rt: Runtime, memory: Memory) -> Outcome:

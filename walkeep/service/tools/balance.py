@@ -4,43 +4,18 @@ from __future__ import annotations
 
 from sqlalchemy import func, select
 
-from walkeep import ledger, lifecycle, pricing
-from walkeep.db.models import Blob, Memory
-from walkeep.lifecycle import BlobStatus, MemoryStatus
-from walkeep.service.renewal_price import KEPT, blob_renewal_cost_mc, quilt_shares
+from walkeep import ledger, pricing
+from walkeep.db.models import Memory
+from walkeep.lifecycle import MemoryStatus
+from walkeep.service.renewal_price import (
+    renewal_burn_mc_per_epoch,
+)
 from walkeep.service.runtime import Runtime
-from walkeep.service.schemas import BalanceResult
-from walkeep.service.views import human_duration
+from walkeep.service.tools.schemas import BalanceResult
+from walkeep.service.tools.views import human_duration
 
 # The size an "average memory" estimate assumes (a short fact is far below it).
 TYPICAL_MEMORY_BYTES = 1024
-
-
-def renewal_burn_mc_per_epoch(rt: Runtime, account_id: str) -> tuple[int, int | None]:
-    """(cost of renewing every kept blob for one epoch, their shortest runway)."""
-    current = rt.chain.current_epoch()
-    kept = (
-        select(Blob.id, Blob.kind, Blob.storage_size, Blob.end_epoch)
-        .join(Memory, Memory.blob_pk == Blob.id)
-        .where(
-            Memory.account_id == account_id,
-            Memory.status.in_([MemoryStatus.ACTIVE, MemoryStatus.PAUSED]),
-            Blob.status == BlobStatus.LIVE,
-            Blob.end_epoch > current,
-        )
-        .distinct()
-    )
-    burn = 0
-    runways: list[int] = []
-    price = rt.settings.renewal_price_mc_per_unit_epoch
-    with rt.db.read() as s:
-        blobs = list(s.execute(kept))
-        shares = quilt_shares(s, [b.id for b in blobs if b.kind == "quilt"], KEPT)
-    for b in blobs:
-        # A quilt costs the account only its members' shares (their real price).
-        burn += blob_renewal_cost_mc(b, shares, 1, price)
-        runways.append(lifecycle.runway(b.end_epoch, current))
-    return burn, (min(runways) if runways else None)
 
 
 def typical_memory_mc(rt: Runtime) -> int:
