@@ -16,6 +16,9 @@ or the database write lock taken by ``BEGIN IMMEDIATE`` (SQLite), so two
 racing holds can never both spend the same credits. CHECK constraints on
 ``accounts`` back this up. A hold is settled (captured or released) at most
 once, enforced by the UNIQUE ``settles_id`` column.
+
+Why one file: every statement that moves money, so an auditor reads all of them in one
+sitting and the invariants above are checked in one place.
 """
 
 from __future__ import annotations

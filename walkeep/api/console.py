@@ -17,6 +17,9 @@ that key is revoked; every session ends with its account being disabled.
 Signed-in sessions also have a row in ``console_sessions`` that the cookie names, so a
 session ends on the server: signing out ends it (a copied cookie stops working), and
 revoking a key ends the sessions opened with it and the account's link sessions. Sign-in attempts are throttled per client address and per target.
+
+Why one file: the console's routes, each a few lines (authenticate, one service call,
+render), sharing one session and CSRF scheme.
 """
 
 from __future__ import annotations

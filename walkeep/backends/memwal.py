@@ -60,6 +60,9 @@ reports ``content_included: false``).
 
 **Recall is per namespace.** MemWal's recall has no "all namespaces" mode, so
 ``search(namespace=None)`` searches the account's ``"default"`` namespace.
+
+Why one file: one peer's wire contract (signing, endpoints, error mapping, retries) that
+is checked against its notes as a whole.
 """
 
 from __future__ import annotations

@@ -27,6 +27,9 @@ only a job nobody is uploading can be cancelled) and releases the hold.
 kept alive by a heartbeat thread while its holder works, so a crashed
 process's writes are taken over within seconds instead of waiting out a long
 fixed lease.
+
+Why one file: one job queue's states (the diagram above) and every transition between
+them, each conditional on the state before.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ read-then-write transaction can never fail to upgrade its lock half way
 sessions use a plain deferred ``BEGIN`` so they never block writers.
 PostgreSQL uses READ COMMITTED plus row locks / conditional updates, written
 where they are needed (ledger, job claims).
+
+Why one file: every place SQLite and PostgreSQL must be made to behave alike (begin
+modes, locks, pools, retries), read together so the two stay in step.
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ request id is claimed once per account and tool (UNIQUE).
 
 Schema changes go through Alembic migrations in ``migrations/versions``;
 ``tests/test_migrations.py`` fails if this module and the migrations drift.
+
+Why one file: the whole schema in one place, read beside the migrations that build it;
+split by table, the foreign keys between money, memories and blobs would be hidden.
 """
 
 from __future__ import annotations

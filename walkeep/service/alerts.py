@@ -29,6 +29,10 @@ sends the same bytes. Tool calls never wait for any of this.
 
 Signature: ``Walkeep-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret,
 "<t>." + body)>`` — Stripe's scheme, so receivers can reuse their code.
+
+Why one file: one outbox, from settings and ``emit`` to the leased, signed delivery and
+its back-off; the rows' states are read and written in one place so the settings page,
+the test event and the delivery job can never disagree about them.
 """
 
 from __future__ import annotations

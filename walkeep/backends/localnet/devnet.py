@@ -54,6 +54,9 @@ need the simulated chain's state over HTTP):
 
 The explorer (``/explorer/tx/{digest}``, ``/explorer/object/{id}``) is mounted
 too, so digests printed by a devnet-backed Walkeep resolve here.
+
+Why one file: one HTTP surface that mirrors one upstream routes file; the routes and
+their wire shapes are compared line by line against it.
 """
 
 from __future__ import annotations

@@ -33,6 +33,9 @@ lock the object until the epoch ends), so the owned objects of a submitted,
 unsettled transaction are held in-process: ``prepare_extend`` picks other
 coins and ``execute`` refuses to submit a conflicting transaction. Across
 *processes* nothing is held: run renewals for one wallet from one worker.
+
+Why one file: the Chain port over Sui in the order a renewal runs (prepare, submit,
+confirm, recover), each step against the notes it follows.
 """
 
 from __future__ import annotations

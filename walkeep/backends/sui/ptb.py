@@ -17,6 +17,9 @@ One WAL coin is shared by all calls: ``extend_blob`` only splits what it
 charges from ``&mut Coin<WAL>`` (notes §2.2), so no SplitCoins/destroy_zero
 dance is needed and a price change between read and execution cannot abort
 the batch unless the coin really runs short.
+
+Why one file: the encoder and the decoder of one transaction layout mirror each other;
+kept side by side so a change to one is made to the other.
 """
 
 from __future__ import annotations

@@ -13,6 +13,10 @@ Two drivers call it:
 - the worker's ``complete_writes`` job, the safety net after a crash or
   restart: every memory still ``storing`` (or stuck ``accepting``) is settled
   from the database, so nothing accepted is ever stranded.
+
+Why one file: settling a landed write and the thread that schedules settling share their
+outcomes and batch rules; the shared keys and the blob row live in
+``service/pipeline.py``.
 """
 
 from __future__ import annotations

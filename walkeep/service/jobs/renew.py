@@ -31,6 +31,10 @@ A crash between 1 and 3 leaves an intent. ``reconcile.reconcile_renewals`` asks 
 chain about its digest (and the blobs' end_epoch): applied → record and
 capture once; not applied → release. Never paid twice, never billed for an
 extension that didn't happen.
+
+Why one file: one renewal is one protocol — hold, submit, capture or release — and its
+crash recovery re-enters the same steps; split, the recovery would be read apart from
+what it recovers.
 """
 
 from __future__ import annotations

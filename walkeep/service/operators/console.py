@@ -6,6 +6,9 @@ Transport-free: the web console (``walkeep/api/console.py``) and the CLI
 Every figure comes from the same tables the tools read (ledger, memories,
 blobs, renewals, checkout sessions), so the console can never disagree with
 ``check_balance`` or ``check_runway``.
+
+Why one file: everything the console shows and the sessions that gate it, answered from
+the database in one place; the pages (walkeep/api/console.py) only render.
 """
 
 from __future__ import annotations

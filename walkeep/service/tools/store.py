@@ -29,6 +29,10 @@ that statement only; claims that queue behind one in flight go out together, as 
 transaction in account order (walkeep/db/together.py). On SQLite they are one transaction on the
 driver's connection, without a Session (``_claim_direct``). Either falls back to the
 general path when the account refuses, so that path alone says which limit.
+
+Why one file: the ordering above, end to end, with its three claim paths (general,
+SQLite direct, PostgreSQL one-statement) that must give the same outcomes; split, they
+would drift.
 """
 
 from __future__ import annotations

@@ -30,6 +30,9 @@ whose asynchronous payment failed) creates a fresh session under a new
 idempotency key ``<key>:<n>`` (n = 2, 3, …) and a new 24 h expiry written to
 the row first. The old session can no longer be paid, so the single ledger
 ref per checkout row still means one credit per payment.
+
+Why one file: one checkout row's life — created by ``top_up``, credited by the webhook,
+the reconciler or the local pay page — and all four lock and credit it the same way.
 """
 
 from __future__ import annotations
