@@ -63,7 +63,7 @@ import secrets
 import sqlite3
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -81,6 +81,7 @@ from walkeep.backends.base import (
     Faults,
     PreparedTx,
     StoredBlob,
+    StoredQuilt,
     TxEffects,
 )
 from walkeep.backends.localnet.codec import (
@@ -105,7 +106,7 @@ from walkeep.backends.localnet.codec import (
     sui_address,
     tx_digest,
 )
-from walkeep.backends.localnet.quilts import QuiltStoreMixin
+from walkeep.backends.localnet.quilts import LocalPatch, QuiltStore
 from walkeep.backends.localnet.records import (
     NETWORK,
     OBJECT_COLS,
@@ -186,7 +187,7 @@ class _Handle:
         self.conn.close()
 
 
-class LocalNetwork(QuiltStoreMixin):
+class LocalNetwork:
     """The simulated Walrus + Sui network, persisted under ``state_dir``.
 
     Configuration (``epoch_seconds``, ``storage_price_frost``) is a property of
@@ -233,7 +234,47 @@ class LocalNetwork(QuiltStoreMixin):
         self._closed = False
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.db_path = self.state_dir / DB_FILE
+        self.quilts = QuiltStore(self)
         self._init_state(epoch_seconds, storage_price_frost, configure=configure)
+
+    # --- quilts (walkeep/backends/localnet/quilts.py does the work) ----------------------
+
+    def store_quilt(
+        self,
+        patches: Sequence[tuple[str, bytes]],
+        *,
+        epochs: int,
+        owner: str,
+        force: bool = True,
+        permanent: bool = False,
+        tags: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> StoredQuilt:
+        """Store ``(identifier, bytes)`` patches as one quilt blob (``QuiltStore.store_quilt``)."""
+        return self.quilts.store_quilt(
+            patches, epochs=epochs, owner=owner, force=force, permanent=permanent, tags=tags
+        )
+
+    def read_patch_entry(self, patch_id: str) -> tuple[LocalPatch, bytes]:
+        """A patch and its bytes by patch id; NotFound if malformed, unknown or lapsed."""
+        return self.quilts.read_patch_entry(patch_id)
+
+    def read_patch(self, patch_id: str) -> bytes:
+        """A patch's bytes; NotFound if the id is malformed, unknown, or its quilt lapsed."""
+        return self.quilts.read_patch(patch_id)
+
+    def read_quilt_patch_by_identifier(
+        self, quilt_id: str, identifier: str
+    ) -> tuple[LocalPatch, bytes]:
+        """The patch called ``identifier`` in quilt ``quilt_id``, and its bytes; else NotFound."""
+        return self.quilts.read_quilt_patch_by_identifier(quilt_id, identifier)
+
+    def list_quilt_patches(self, quilt_id: str) -> list[LocalPatch]:
+        """Every patch of a live quilt, in column order; NotFound if unknown or lapsed."""
+        return self.quilts.list_quilt_patches(quilt_id)
+
+    def quilt_patch_count(self, blob_id: str) -> int | None:
+        """How many patches the blob holds if it is a quilt, else None (explorer view)."""
+        return self.quilts.quilt_patch_count(blob_id)
 
     # --- plumbing ------------------------------------------------------------------------
 

@@ -4,7 +4,9 @@ Why a separate module: a quilt *is* a blob to the chain (one store
 transaction with reserve/register/certify, one object, one ``extend_blob``),
 so the engine's blob code does the storing; this module only lays the patches
 out (``walkeep.quilt``) and remembers where each patch sits, so extending,
-expiry, ``owned_blobs`` and the explorer keep working unchanged.
+expiry, ``owned_blobs`` and the explorer keep working unchanged. The engine
+holds a :class:`QuiltStore` and hands it its blob plumbing (:class:`BlobPlumbing`);
+this module never imports the engine.
 
 State: the laid-out quilt bytes live in ``contents`` like any blob's; the
 ``quilt_patches`` table (created on first use, so the engine's schema stays
@@ -17,10 +19,13 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Literal, Protocol, cast
 
-from walkeep.backends.base import BlobObject, QuiltPatch, StoredQuilt
+from walkeep.backends.base import BlobObject, QuiltPatch, StoredBlob, StoredQuilt
+from walkeep.backends.localnet.codec import blob_id_for
+from walkeep.backends.localnet.records import ObjectRecord
 from walkeep.errors import NotFound, RelayerUnavailable, ValidationError
 from walkeep.quilt import (
     ByteSource,
@@ -33,9 +38,6 @@ from walkeep.quilt import (
     read_patch,
     source_symbols,
 )
-
-if TYPE_CHECKING:
-    from walkeep.backends.localnet.engine import LocalNetwork
 
 _QUILT_SCHEMA = (
     "CREATE TABLE IF NOT EXISTS quilt_patches ("
@@ -79,15 +81,38 @@ def _geometry(n_bytes: int, slot: PatchSlot) -> QuiltLayout:
     return QuiltLayout(n_bytes // (rows * cols), rows, cols, 0, (slot,))
 
 
-class QuiltStoreMixin:
-    """Quilt methods of :class:`~walkeep.backends.localnet.engine.LocalNetwork`."""
+class BlobPlumbing(Protocol):
+    """What storing and reading quilts needs of the local network's blob code."""
 
-    _quilt_schema_ready = False
+    def _conn(self) -> sqlite3.Connection: ...
+    def _write(self) -> AbstractContextManager[sqlite3.Connection]: ...
+    def _read(self) -> AbstractContextManager[sqlite3.Connection]: ...
+    def _epoch(self, c: sqlite3.Connection) -> int: ...
+    def _price(self, c: sqlite3.Connection) -> int: ...
+    def _blob_op(self) -> None: ...
+    def _take_fault(self, name: Literal["fail_next_writes", "fail_next_extends"]) -> bool: ...
+    def _check_store_args(self, epochs: int, owner: str) -> str: ...
+    def _store_one(
+        self,
+        c: sqlite3.Connection,
+        data: bytes,
+        epoch: int,
+        price: int,
+        epochs: int,
+        owner: str,
+        permanent: bool,
+    ) -> StoredBlob: ...
+    def _already_certified(
+        self, c: sqlite3.Connection, blob_id: str, epoch: int, epochs: int, permanent: bool
+    ) -> ObjectRecord | None: ...
 
-    @property
-    def _net(self) -> LocalNetwork:
-        # A mixin of exactly one class: the engine's blob plumbing is right there.
-        return cast("LocalNetwork", self)
+
+class QuiltStore:
+    """Quilts of one local network: laid out here, stored by the network's blob code."""
+
+    def __init__(self, net: BlobPlumbing) -> None:
+        self._net = net
+        self._quilt_schema_ready = False
 
     def _quilt_schema(self, c: sqlite3.Connection) -> None:
         for stmt in _QUILT_SCHEMA:
@@ -143,9 +168,6 @@ class QuiltStoreMixin:
             epoch = self._net._epoch(c)
             stored: tuple[BlobObject, bool, int | None] | None = None
             if not force:
-                # Imported here: engine imports this module to build LocalNetwork.
-                from walkeep.backends.localnet.codec import blob_id_for
-
                 existing = self._net._already_certified(
                     c, blob_id_for(data), epoch, epochs, permanent
                 )
