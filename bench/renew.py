@@ -47,6 +47,7 @@ from walkeep.db import Database
 from walkeep.db import migrate as migrations
 from walkeep.db.models import Account, Blob, LedgerEntry, Memory, Renewal, RenewalItem
 from walkeep.lifecycle import BlobStatus, MemoryStatus
+from walkeep.protocol import walrus
 from walkeep.service.jobs import renew
 from walkeep.service.operators import accounts
 
@@ -216,7 +217,7 @@ def run(args: argparse.Namespace, db_url: str | None) -> None:
     k = settings.target_runway_epochs - settings.renew_threshold_epochs
     expected = sum(
         pricing.renewal_cost_mc(
-            pricing.encoded_blob_length(len(f"bench memory {i}".encode()) + 0),
+            walrus.encoded_blob_length(len(f"bench memory {i}".encode()) + 0),
             k,
             settings.renewal_price_mc_per_unit_epoch,
         )

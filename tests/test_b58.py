@@ -1,4 +1,4 @@
-"""walkeep.backends.b58 spells digests exactly as the ``base58`` package does."""
+"""walkeep.protocol.b58 spells digests exactly as the ``base58`` package does."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 import base58
 import pytest
 
-from walkeep.backends.b58 import b58decode, b58encode
+from walkeep.protocol.b58 import b58decode, b58encode
 
 
 def _samples() -> list[bytes]:

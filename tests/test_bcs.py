@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from walkeep.bcs import BcsError, BcsReader, BcsWriter
+from walkeep.protocol.bcs import BcsError, BcsReader, BcsWriter
 
 ULEBS = {0: "00", 127: "7f", 128: "8001", 300: "ac02", 2**32 - 1: "ffffffff0f"}
 

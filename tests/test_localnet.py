@@ -41,7 +41,7 @@ from walkeep.backends.localnet.engine import DB_FILE, KEY_FILE
 from walkeep.backends.sui.ptb import decode_extend_tx
 from walkeep.clock import ManualClock
 from walkeep.errors import NotFound, RelayerUnavailable, ValidationError
-from walkeep.pricing import encoded_blob_length, storage_units
+from walkeep.protocol.walrus import encoded_blob_length, storage_units
 
 EPOCH = 3600
 PRICE = 11_000

@@ -16,8 +16,8 @@ from walkeep.backends.base import BlobStore
 from walkeep.backends.walrus import WalrusBlobStore
 from walkeep.clock import ManualClock
 from walkeep.errors import NotFound, QuotaExceeded, RelayerUnavailable, ValidationError
-from walkeep.pricing import storage_units
-from walkeep.quilt import decode_patch_id, encode_patch_id, plan_layout
+from walkeep.protocol.quilt import decode_patch_id, encode_patch_id, plan_layout
+from walkeep.protocol.walrus import storage_units
 
 EPOCH = 3600
 PRICE = 11_000

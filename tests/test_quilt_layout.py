@@ -1,4 +1,4 @@
-"""QuiltV1 layout math and patch ids (walkeep/quilt.py), pinned to Walrus's documented figures."""
+"""QuiltV1 layout math and patch ids (walkeep/protocol/quilt.py), pinned to Walrus's documented figures."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import random
 
 import pytest
 
-from walkeep.pricing import encoded_blob_length, storage_units
-from walkeep.quilt import (
+from walkeep.protocol.quilt import (
     MAX_PATCHES,
     QUILT_VERSION,
     PatchRef,
@@ -25,6 +24,7 @@ from walkeep.quilt import (
     single_blob_storage_size,
     source_symbols,
 )
+from walkeep.protocol.walrus import encoded_blob_length, storage_units
 
 DOC_QUILT_ID = "6XUOE-Q5-nAXHRifN6n9nomVDtHZQbGuAkW3PjlBuKo"
 DOC_PATCH_ID = "6XUOE-Q5-nAXHRifN6n9nomVDtHZQbGuAkW3PjlBuKoBAQDQAA"
@@ -264,7 +264,7 @@ def test_reading_a_patch_touches_only_its_columns() -> None:
 
 
 def test_a_full_quilt_lets_the_index_set_the_symbol_size() -> None:
-    # The figures quoted in walkeep/quilt.py's docstring.
+    # The figures quoted in walkeep/protocol/quilt.py's docstring.
     def units(n: int) -> tuple[int, int]:
         layout = plan_layout([(f"mem_{i:08d}", 700) for i in range(n)])
         return layout.symbol_size, storage_units(layout.storage_size)

@@ -13,8 +13,8 @@ from walkeep.backends.localnet import LocalBlobStore, LocalNetwork
 from walkeep.backends.localnet.engine import DB_FILE
 from walkeep.clock import ManualClock
 from walkeep.errors import NotFound, RelayerUnavailable, ValidationError
-from walkeep.pricing import storage_units
-from walkeep.quilt import decode_patch_id, encode_patch_id, parse_index, plan_layout
+from walkeep.protocol.quilt import decode_patch_id, encode_patch_id, parse_index, plan_layout
+from walkeep.protocol.walrus import storage_units
 
 EPOCH = 3600
 PRICE = 11_000

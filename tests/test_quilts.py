@@ -14,7 +14,7 @@ from walkeep import ledger, pricing
 from walkeep.db.models import Blob, LedgerEntry, Memory, WriteJob
 from walkeep.index.embedder import HashEmbedder
 from walkeep.lifecycle import MemoryStatus
-from walkeep.quilt import decode_patch_id
+from walkeep.protocol.quilt import decode_patch_id
 from walkeep.service.jobs import completion, renew, sweep
 from walkeep.service.runtime import Runtime
 from walkeep.service.tools import export, forget, recall, runway, store

@@ -66,7 +66,8 @@ from walkeep.clock import ManualClock
 from walkeep.config import Settings
 from walkeep.db.models import Blob, Renewal
 from walkeep.errors import ConfigurationError
-from walkeep.pricing import renewal_cost_mc, walrus_storage_cost_frost
+from walkeep.pricing import renewal_cost_mc
+from walkeep.protocol.walrus import walrus_storage_cost_frost
 from walkeep.service.jobs import reconcile, renew
 from walkeep.service.runtime import Runtime
 from walkeep.service.tools import store

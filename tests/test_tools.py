@@ -6,7 +6,7 @@ import pytest
 
 from tests.helpers import account, land_all
 from walkeep.errors import NotFound, ValidationError
-from walkeep.quilt import is_patch_id
+from walkeep.protocol.quilt import is_patch_id
 from walkeep.service.runtime import Runtime
 from walkeep.service.tools import balance, export, forget, recall, runway, store
 

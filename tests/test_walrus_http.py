@@ -20,7 +20,7 @@ from walkeep.backends.localnet.engine import LocalNetwork
 from walkeep.backends.walrus import WalrusBlobStore, aip193
 from walkeep.clock import ManualClock
 from walkeep.errors import NotFound, QuotaExceeded, RelayerUnavailable, ValidationError
-from walkeep.pricing import encoded_blob_length, walrus_storage_cost_frost
+from walkeep.protocol.walrus import encoded_blob_length, walrus_storage_cost_frost
 
 OWNER = "0x" + "5a" * 32
 PUB = "http://publisher.test"

@@ -12,15 +12,14 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import TYPE_CHECKING, overload
 
+from walkeep.protocol.walrus import MAX_EPOCHS_AHEAD
+
 if TYPE_CHECKING:  # types only: this module stays free of the database
     from datetime import datetime
 
     from sqlalchemy import ColumnElement
 
     from walkeep.backends.base import BlobObject
-
-# Walrus refuses to keep storage paid for more than this many epochs ahead.
-MAX_EPOCHS_AHEAD = 53
 
 
 class MemoryStatus(StrEnum):

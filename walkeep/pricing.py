@@ -1,9 +1,7 @@
-"""What storage costs: Walrus's encoded size and Walkeep's prices. Pure integers.
+"""What storage costs Walkeep's customers: prices and shares over Walrus's units. Pure integers.
 
-Walrus bills storage per 1 MiB unit of *encoded* size per epoch. With 1000
-shards every blob carries ~61 MiB of metadata, so a tiny memory is 63 units
-(notes/walrus-sui.md §2.5; checked against the docs: 17 B → 66,034,000 and
-1,782,224 B → 72,040,000 encoded bytes).
+What Walrus itself charges (encoded size, units, FROST per unit-epoch) is protocol,
+in ``walkeep.protocol.walrus``; this module is Walkeep's policy on top of it.
 
 Walkeep charges credits (1 credit = 1 US cent = 1000 millicredits):
 - a store costs ``store_price_mc_per_64kib`` per started 64 KiB of content;
@@ -13,28 +11,7 @@ Walkeep charges credits (1 credit = 1 US cent = 1000 millicredits):
 
 from __future__ import annotations
 
-N_SHARDS = 1000
-MIB = 1 << 20
-
-
-def encoded_blob_length(unencoded_size: int, n_shards: int = N_SHARDS) -> int:
-    """Port of Walrus ``encoded_blob_length_for_n_shards`` (RS2 encoding)."""
-    f = (n_shards - 1) // 3
-    primary, secondary = n_shards - 2 * f, n_shards - f
-    symbol = -(-max(unencoded_size, 1) // (primary * secondary))
-    symbol += symbol % 2  # RS2 symbols are 2-byte aligned
-    metadata = n_shards * (n_shards * 64 + 32)
-    return metadata + n_shards * (primary + secondary) * symbol
-
-
-def storage_units(storage_size: int) -> int:
-    """Billable 1 MiB units of an encoded size."""
-    return -(-storage_size // MIB)
-
-
-def walrus_storage_cost_frost(storage_size: int, epochs: int, price_per_unit_frost: int) -> int:
-    """What ``extend_blob`` / ``reserve_space`` charge in FROST (1e9 FROST = 1 WAL)."""
-    return storage_units(storage_size) * price_per_unit_frost * epochs
+from walkeep.protocol.walrus import N_SHARDS, encoded_blob_length, storage_units
 
 
 def store_cost_mc(size_bytes: int, price_mc_per_64kib: int) -> int:

@@ -67,7 +67,7 @@ class QuiltPatch:
     """One patch of a stored quilt: the caller's identifier and its Walrus patch id."""
 
     identifier: str
-    patch_id: str  # 50 chars; its first 43 are the quilt's blob id (walkeep.quilt)
+    patch_id: str  # 50 chars; its first 43 are the quilt's blob id (walkeep.protocol.quilt)
 
 
 @dataclass(frozen=True, slots=True)

@@ -806,7 +806,7 @@ class SelfRelayer:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
-        from walkeep.quilt import is_patch_id
+        from walkeep.protocol.quilt import is_patch_id
 
         data = self.store.get_patch(blob_id) if is_patch_id(blob_id) else self.store.get(blob_id)
         try:

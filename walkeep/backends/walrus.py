@@ -11,7 +11,7 @@ Wire contract (notes/walrus-sui.md §1):
 - ``PUT {publisher}/v1/quilts?epochs=N&send_object_to=<owner>&force=true`` as
   ``multipart/form-data`` (one field per patch, field name = identifier) → 200
   ``{"blobStoreResult": <BlobStoreResult>, "storedQuiltBlobs": [{"identifier",
-  "quiltPatchId"}]}``: many small blobs as one Blob object (walkeep.quilt).
+  "quiltPatchId"}]}``: many small blobs as one Blob object (walkeep.protocol.quilt).
 - ``GET {aggregator}/v1/blobs/{blob_id}``, ``/v1/blobs/by-object-id/{id}`` and
   ``/v1/blobs/by-quilt-patch-id/{patch_id}`` → raw bytes.
 - Errors are AIP-193: ``{"error": {"code", "status", "message", "details":
@@ -50,9 +50,8 @@ from walkeep.errors import (
     RelayerUnavailable,
     ValidationError,
 )
-from walkeep.lifecycle import MAX_EPOCHS_AHEAD
-from walkeep.pricing import encoded_blob_length
-from walkeep.quilt import decode_patch_id, is_patch_id, plan_layout
+from walkeep.protocol.quilt import decode_patch_id, is_patch_id, plan_layout
+from walkeep.protocol.walrus import MAX_EPOCHS_AHEAD, encoded_blob_length
 
 log = logging.getLogger(__name__)
 

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
-from walkeep.backends.b58 import b58decode, b58encode
 from walkeep.backends.base import ChainRejected
-from walkeep.bcs import BcsReader, BcsWriter
 from walkeep.clock import Clock
+from walkeep.protocol.b58 import b58decode, b58encode
+from walkeep.protocol.bcs import BcsReader, BcsWriter
 
 
 def _local_id(label: bytes) -> str:

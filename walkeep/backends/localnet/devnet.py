@@ -34,7 +34,7 @@ Where this server differs from a real daemon (on purpose, documented):
 - ``reuse_resources`` is accepted and ignored; ``quilt_version`` must be
   ``v1``; no ``Range`` reads, no JWT auth. Quilt sizes, columns and patch ids
   follow QuiltV1, the quilt's bytes (and so its blob id) do not
-  (``walkeep.quilt``).
+  (``walkeep.protocol.quilt``).
 - ``GET /status`` (``OK``) and ``GET /v1/api`` (an HTML page standing in for
   the Redoc docs) answer like a real daemon; clients use them as probes.
 - Injected faults: ``unreachable`` → 503 ``UNAVAILABLE`` on every Walrus
@@ -81,8 +81,8 @@ from walkeep.backends.localnet.explorer import make_explorer_router
 from walkeep.backends.localnet.quilts import LocalPatch
 from walkeep.backends.localnet.records import NETWORK, ObjectRecord
 from walkeep.errors import NotFound, RelayerUnavailable, ValidationError
-from walkeep.lifecycle import MAX_EPOCHS_AHEAD
-from walkeep.quilt import MAX_PATCHES, is_patch_id
+from walkeep.protocol.quilt import MAX_PATCHES, is_patch_id
+from walkeep.protocol.walrus import MAX_EPOCHS_AHEAD
 
 ERROR_DOMAIN = "daemon.walrus.space"
 DEFAULT_PORT = 31415

@@ -72,7 +72,6 @@ from typing import Any, Literal
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from walkeep.backends.b58 import b58encode
 from walkeep.backends.base import (
     BlobObject,
     ChainRejected,
@@ -122,8 +121,8 @@ from walkeep.backends.localnet.records import (
 )
 from walkeep.clock import Clock
 from walkeep.errors import NotFound, RelayerUnavailable, ValidationError
-from walkeep.lifecycle import MAX_EPOCHS_AHEAD
-from walkeep.pricing import encoded_blob_length, walrus_storage_cost_frost
+from walkeep.protocol.b58 import b58encode
+from walkeep.protocol.walrus import MAX_EPOCHS_AHEAD, encoded_blob_length, walrus_storage_cost_frost
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 Why a separate module: a quilt *is* a blob to the chain (one store
 transaction with reserve/register/certify, one object, one ``extend_blob``),
 so the engine's blob code does the storing; this module only lays the patches
-out (``walkeep.quilt``) and remembers where each patch sits, so extending,
+out (``walkeep.protocol.quilt``) and remembers where each patch sits, so extending,
 expiry, ``owned_blobs`` and the explorer keep working unchanged. The engine
 holds a :class:`QuiltStore` and hands it its blob plumbing (:class:`BlobPlumbing`);
 this module never imports the engine.
@@ -27,7 +27,7 @@ from walkeep.backends.base import BlobObject, QuiltPatch, StoredBlob, StoredQuil
 from walkeep.backends.localnet.codec import blob_id_for
 from walkeep.backends.localnet.records import ObjectRecord
 from walkeep.errors import NotFound, RelayerUnavailable, ValidationError
-from walkeep.quilt import (
+from walkeep.protocol.quilt import (
     ByteSource,
     PatchSlot,
     QuiltLayout,

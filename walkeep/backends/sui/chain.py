@@ -101,8 +101,7 @@ from walkeep.backends.sui.runner import LoopThread, LoopTimeout
 from walkeep.clock import Clock, SystemClock
 from walkeep.config import Settings
 from walkeep.errors import ConfigurationError
-from walkeep.lifecycle import MAX_EPOCHS_AHEAD
-from walkeep.pricing import walrus_storage_cost_frost
+from walkeep.protocol.walrus import MAX_EPOCHS_AHEAD, walrus_storage_cost_frost
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from walkeep.backends.b58 import b58encode
+from walkeep.protocol.b58 import b58encode
 
 T = TypeVar("T")
 

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from pysui.sui.sui_bcs import bcs
 from pysui.sui.sui_common.txn_transaction_builder import ProgrammableTransactionBuilder
 
-from walkeep.backends.b58 import b58decode, b58encode
 from walkeep.backends.sui.codec import normalize_address, pure_u32
-from walkeep.bcs import BcsError, BcsReader, BcsWriter
+from walkeep.protocol.b58 import b58decode, b58encode
+from walkeep.protocol.bcs import BcsError, BcsReader, BcsWriter
 
 # Sui protocol caps (protocol config): 1024 commands and 2048 input objects per
 # PTB, 128 KiB per transaction, at most 256 gas payment coins.

@@ -32,12 +32,13 @@ from datetime import timedelta
 
 from sqlalchemy import and_, case, func, select, update
 
-from walkeep import lifecycle, pricing
+from walkeep import lifecycle
 from walkeep.backends.base import JobState, JobStatus
 from walkeep.db import rowcount
 from walkeep.db.models import Blob, Memory
 from walkeep.errors import WalkeepError
 from walkeep.lifecycle import BlobStatus, MemoryStatus
+from walkeep.protocol import walrus
 from walkeep.service.pipeline import (
     COMPACT_KEY_PREFIX,
     compact_job_key,
@@ -74,13 +75,13 @@ def worth_it(
     """Compact when most bytes are forgotten AND a new quilt of the live patches,
     bought for the target runway, costs fewer storage units than extending the
     old quilt by ``k`` epochs (Walrus bills units × epochs either way)."""
-    from walkeep.quilt import quilt_storage_size
+    from walkeep.protocol.quilt import quilt_storage_size
 
     live = sum(live_sizes)
     if not live_sizes or k <= 0 or live * 2 >= total_bytes:
         return False
-    new_units = pricing.storage_units(quilt_storage_size(live_sizes)) * target
-    return new_units < pricing.storage_units(storage_size) * k
+    new_units = walrus.storage_units(quilt_storage_size(live_sizes)) * target
+    return new_units < walrus.storage_units(storage_size) * k
 
 
 def start(rt: Runtime) -> CompactReport:

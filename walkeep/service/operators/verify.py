@@ -24,12 +24,13 @@ from typing import Any
 from sqlalchemy import select
 
 from walkeep import pricing
-from walkeep.backends.b58 import b58decode
 from walkeep.backends.base import ChainError, TxEffects
 from walkeep.backends.sui.codec import tx_digest
 from walkeep.backends.sui.ptb import DecodedExtend, decode_extend_tx
 from walkeep.db.models import Blob, Memory, Renewal, RenewalItem
 from walkeep.errors import NotFound, ValidationError
+from walkeep.protocol import walrus
+from walkeep.protocol.b58 import b58decode
 from walkeep.service.runtime import Runtime
 
 
@@ -355,7 +356,7 @@ def _check_money(
     except ChainError:
         price_frost = None
     expected = (
-        sum(pricing.walrus_storage_cost_frost(i.storage_size, i.epochs, price_frost) for i in items)
+        sum(walrus.walrus_storage_cost_frost(i.storage_size, i.epochs, price_frost) for i in items)
         if price_frost is not None
         else None
     )

@@ -7,6 +7,7 @@ from sqlalchemy import func, select
 from walkeep import ledger, pricing
 from walkeep.db.models import Memory
 from walkeep.lifecycle import MemoryStatus
+from walkeep.protocol import walrus
 from walkeep.service.renewal_price import (
     renewal_burn_mc_per_epoch,
 )
@@ -27,13 +28,13 @@ def typical_memory_mc(rt: Runtime) -> int:
     store = pricing.store_cost_mc(size, s.store_price_mc_per_64kib)
     epochs = s.target_runway_epochs
     if s.quilts == "on" and s.relayer in ("local", "walrus"):
-        from walkeep.quilt import quilt_storage_size
+        from walkeep.protocol.quilt import quilt_storage_size
 
         share = pricing.quilt_share_micro(quilt_storage_size([size] * 600), size * 600, size)
         renew = pricing.share_renewal_cost_mc(share, epochs, s.renewal_price_mc_per_unit_epoch)
     else:
         renew = pricing.renewal_cost_mc(
-            pricing.encoded_blob_length(size), epochs, s.renewal_price_mc_per_unit_epoch
+            walrus.encoded_blob_length(size), epochs, s.renewal_price_mc_per_unit_epoch
         )
     return store + renew
 

@@ -63,8 +63,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from walkeep.bcs import BcsError, BcsReader, BcsWriter
-from walkeep.pricing import N_SHARDS, encoded_blob_length
+from walkeep.protocol.bcs import BcsError, BcsReader, BcsWriter
+from walkeep.protocol.walrus import N_SHARDS, encoded_blob_length
 
 MAX_PATCHES = 666
 QUILT_VERSION = 1
