@@ -8,6 +8,9 @@ deleted from the list.
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import grimp
 
 # Circles that remain, each a set of modules importing each other. None: keep it so
@@ -81,3 +84,39 @@ def test_the_circle_finder_finds_circles() -> None:
     graph.add_import(importer="a.z", imported="a.x")
     graph.add_import(importer="a.z", imported="a.w")
     assert _circles(graph) == [frozenset({"a.x", "a.y", "a.z"})]
+
+
+# A module longer than this says at the top of its docstring why it is one file.
+LONG_MODULE_LINES = 600
+WHY_ONE_FILE = "Why one file:"
+
+
+def _long_modules_without_reason(root: Path) -> list[str]:
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        if text.count("\n") <= LONG_MODULE_LINES:
+            continue
+        doc = ast.get_docstring(ast.parse(text)) or ""
+        if WHY_ONE_FILE not in doc:
+            out.append(f"{path.relative_to(root.parent)} ({text.count(chr(10))} lines)")
+    return out
+
+
+def test_long_modules_say_why_they_are_one_file() -> None:
+    root = Path(__file__).resolve().parent.parent / "walkeep"
+    missing = _long_modules_without_reason(root)
+    assert not missing, (
+        f"over {LONG_MODULE_LINES} lines with no '{WHY_ONE_FILE} …' in the module docstring "
+        f"(split it by idea, or say why not): {missing}"
+    )
+
+
+def test_the_length_check_sees_a_long_module(tmp_path: Path) -> None:
+    pkg = tmp_path / "walkeep"
+    pkg.mkdir()
+    body = "x = 1\n" * (LONG_MODULE_LINES + 1)
+    (pkg / "long.py").write_text('"""A long one."""\n' + body)
+    (pkg / "kept.py").write_text(f'"""Kept.\n\n{WHY_ONE_FILE} it is one idea."""\n' + body)
+    (pkg / "short.py").write_text('"""Short."""\nx = 1\n')
+    assert _long_modules_without_reason(pkg) == [f"walkeep/long.py ({LONG_MODULE_LINES + 2} lines)"]

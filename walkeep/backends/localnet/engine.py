@@ -49,6 +49,11 @@ State lives in one SQLite file under ``state_dir`` (WAL mode, busy timeout,
 ``BEGIN IMMEDIATE`` for writes, short transactions) so the Walkeep service
 and a ``walkeep devnet`` process can share it, and it survives restarts. Each
 thread gets its own connection; SQLite serialises the writers.
+
+Why one file: one simulated chain's state and every rule it enforces on it (storing,
+extending, expiry, transactions, epochs) in one SQLite schema, so each rule is read
+beside the state it guards; quilts (quilts.py), transaction bytes (codec.py) and records
+(records.py) are apart.
 """
 
 from __future__ import annotations
