@@ -174,7 +174,18 @@ class SearchIndex:
             self._recount(account_id, shard)
             self._refresh_dead(account_id, shard)
             pending = shard.n_delta
-        if pending >= self.merge_rows and not merging:
+            # Built at once without its graph (a first start, or a damaged or stale segment
+            # rebuilt so the recall that found it can answer): a large account would
+            # otherwise search exactly until merge_rows more rows arrived.
+            graphless = (
+                shard.segment is not None
+                and shard.segment.ann is None
+                and shard.n_seg >= self.ann_min_rows
+                and not shard.graph_requested
+            )
+            if graphless:
+                shard.graph_requested = True
+        if (pending >= self.merge_rows or graphless) and not merging:
             self._merge_soon(account_id)
         self._evict(keep=key)
         return shard

@@ -72,6 +72,8 @@ class Shard:
     ns_codes: dict[str, int] = field(default_factory=dict)
     dead: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     dead_version: int = 0
+    # A merge was asked to give this shard's segment the graph it was built without.
+    graph_requested: bool = False
     # Derived arrays: of the delta and scopes (dropped when rows arrive or blobs die),
     # and of the segment's rows per namespace (dropped only when blobs die: at a million
     # rows they cost milliseconds, and rows arrive far more often than memories die).
