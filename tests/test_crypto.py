@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.keywrap import aes_key_unwrap
-from sqlalchemy import func, select, update
+from sqlalchemy import event, func, select, update
 
 from walkeep.config import Settings
 from walkeep.crypto import (
@@ -191,9 +191,14 @@ def test_concurrent_first_use_by_eight_processes_creates_one_key(
     barrier = threading.Barrier(8)
     # Eight Keyrings = eight processes: no shared in-memory cache or lock.
     rings = [_RacingKeyring(db, master, barrier) for _ in range(8)]
+    refused: list[BaseException] = []
+    event.listen(db.engine, "handle_error", lambda ctx: refused.append(ctx.original_exception))
     with ThreadPoolExecutor(8) as pool:
         blobs = list(pool.map(lambda r: r.encrypt(acct, b"same content"), rings))
     assert _dek_rows(db) == 1
+    # The losers' inserts did nothing: no unique-key violation reached the database's log
+    # (issue 29: two web processes logged one per account's first store).
+    assert refused == []
     assert len(set(blobs)) == 1  # everyone ended up with the winner's key
     for ring in rings:
         assert ring.decrypt(acct, blobs[0]) == b"same content"

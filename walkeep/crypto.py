@@ -42,8 +42,8 @@ from sqlalchemy.exc import IntegrityError
 
 from walkeep import nowait
 from walkeep.config import Settings
-from walkeep.db import Database
-from walkeep.db.models import DataKey
+from walkeep.db import Database, insert_if_absent
+from walkeep.db.models import DataKey, table
 from walkeep.errors import ConfigurationError, NotFound
 
 log = logging.getLogger(__name__)
@@ -258,7 +258,7 @@ class Keyring:
 
     Data keys are created on first use. Two processes creating the same
     account's key at once are arbitrated by the ``data_keys`` primary key: the
-    loser's insert fails and it re-reads the winner's key. Unwrapped keys are
+    loser's insert does nothing (ON CONFLICT) and it re-reads the winner's key. Unwrapped keys are
     cached in memory for the life of the Keyring.
     """
 
@@ -383,26 +383,20 @@ class Keyring:
         wrapped = aes_key_wrap(self._master, dek)
         try:
             with self._db.begin() as s:
-                # Re-check inside the write transaction: on SQLite (BEGIN IMMEDIATE)
-                # this serialises creators so the loser never even conflicts.
-                exists = s.scalar(
-                    select(DataKey.account_id).where(DataKey.account_id == account_id)
-                )
-                if exists is None:
-                    s.add(
-                        DataKey(
-                            account_id=account_id,
-                            wrapped=wrapped,
-                            master_key_id=self.master_key_id,
-                            created_at=self._db.clock.now(),
-                        )
-                    )
-                    s.flush()
+                # ON CONFLICT DO NOTHING: a creator in another process that got there first
+                # wins without a unique-key violation (PostgreSQL logged one per race, and
+                # aborted the loser's transaction); the loser re-reads the winner's key.
+                # On SQLite, BEGIN IMMEDIATE serialises creators before they conflict.
+                row = {
+                    "account_id": account_id,
+                    "wrapped": wrapped,
+                    "master_key_id": self.master_key_id,
+                    "created_at": self._db.clock.now(),
+                }
+                if insert_if_absent(s, table(DataKey), row, ["account_id"]) is not None:
                     return dek
         except IntegrityError:
-            # Either a concurrent creator won the primary key, or the account
-            # doesn't exist (foreign key): the re-read below tells them apart.
-            pass
+            pass  # no such account (the foreign key): the re-read below says so
         existing = self._load_dek(account_id)
         if existing is None:
             raise NotFound("unknown account", {"account_id": account_id})

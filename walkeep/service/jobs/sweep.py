@@ -117,7 +117,8 @@ def sweep(rt: Runtime) -> SweepReport:
                 if insert_if_absent(s, table(Blob), row, ["blob_object_id"]) is not None:
                     report.orphans += 1
         metrics.ORPHANS.inc(report.orphans)
-        log.warning("recorded %d orphan blobs (never renewed)", report.orphans)
+        if report.orphans:  # not when writes registered meanwhile took them all
+            log.warning("recorded %d orphan blobs (never renewed)", report.orphans)
 
     # 3. Stale holds: older than any legitimate operation, with nothing in flight.
     cutoff = now - timedelta(seconds=rt.settings.stale_hold_seconds)
