@@ -128,6 +128,27 @@ def test_a_record_whose_blob_end_epoch_was_altered_fails_the_memory_audit(
     assert _failed(verify.verify_memory(rt, mids[0])) == ["end epoch"]
 
 
+@pytest.mark.parametrize("which", ["last", "middle"])
+def test_a_renewal_item_moved_to_another_blob_fails_both_memory_audits(
+    rt: Runtime, clock: ManualClock, which: str
+) -> None:
+    """Issue 29: ``--memory`` must notice a renewal record moved to another blob. The
+    blob row's own count of renewals (what ``check_runway`` reports) and its last renewal
+    digest are checked against the renewals recorded for it."""
+    _digests, mids = _renewed_world(rt, clock)
+    with rt.db.begin() as s:
+        mine, theirs = (s.scalar(select(Memory.blob_pk).where(Memory.id == m)) for m in mids[::3])
+        assert mine != theirs
+        items = s.scalars(
+            select(RenewalItem.id).where(RenewalItem.blob_pk == mine).order_by(RenewalItem.id)
+        ).all()
+        assert len(items) == 3
+        moved = items[-1] if which == "last" else items[1]
+        s.execute(update(RenewalItem).where(RenewalItem.id == moved).values(blob_pk=theirs))
+    assert "renewal count" in _failed(verify.verify_memory(rt, mids[0]))
+    assert "renewal count" in _failed(verify.verify_memory(rt, mids[3]))
+
+
 def _cli(args: list[str], settings: Settings, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("WALKEEP_", "STRIPE_"))},

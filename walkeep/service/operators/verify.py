@@ -374,13 +374,19 @@ def verify_memory(rt: Runtime, memory_id: str) -> VerifyReport:
     memory_id = (memory_id or "").strip()
     with rt.db.read() as s:
         row = s.execute(
-            select(Blob.id, Blob.blob_object_id, Blob.end_epoch)
+            select(
+                Blob.id,
+                Blob.blob_object_id,
+                Blob.end_epoch,
+                Blob.renewals_performed,
+                Blob.last_renewal_tx,
+            )
             .join(Memory, Memory.blob_pk == Blob.id)
             .where(Memory.id == memory_id)
         ).first()
         if row is None:
             raise NotFound("unknown memory, or it has no blob yet", {"memory_id": memory_id})
-        blob_pk, object_id, end_epoch = row
+        blob_pk, object_id, end_epoch, performed, last_tx = row
         history = s.execute(
             select(
                 Renewal.digest,
@@ -395,6 +401,17 @@ def verify_memory(rt: Runtime, memory_id: str) -> VerifyReport:
     report = VerifyReport(subject=memory_id, network=rt.chain.network)
     report.check("blob", True, f"{memory_id} is held by blob object {object_id}")
     confirmed = [h for h in history if h[1] == "confirmed"]
+    # The blob's own tally (what check_runway reports) against the renewals recorded for
+    # it: a renewal record moved to another blob, or dropped, leaves them disagreeing.
+    report.check(
+        "renewal count",
+        len(confirmed) == performed
+        and (confirmed[-1][0] if confirmed else None) == (last_tx if performed else None),
+        f"{len(confirmed)} confirmed renewals recorded for this blob"
+        + (f", the last {confirmed[-1][0]}" if confirmed else "")
+        + f"; the blob says {performed}"
+        + (f", the last {last_tx}" if performed else ""),
+    )
     if not history:
         report.check("renewals", True, "never renewed yet: nothing to verify on chain")
     for digest in dict.fromkeys(h[0] for h in history):
