@@ -69,8 +69,8 @@ API key to ``DIR/bench-account.json``, so ``WALKEEP_DATA_DIR=DIR walkeep serve``
 measurement's inputs are kept in ``DIR/bench-spec.json``, so
 ``python bench/recall_scale.py --measure DIR/bench-spec.json`` repeats the
 fresh-process measurement on the kept deployment (it prints the figures as JSON).
-Progress goes to stderr. At 1,000,000 rows on 2 cores expect ~15–25 minutes of
-inserts and ~25 minutes for the merge (the HNSW graph).
+Progress goes to stderr. At 1,000,000 rows on 2 cores expect ~7–25 minutes of
+inserts and ~15–25 minutes for the merge (the HNSW graph, 32 links per node).
 """
 
 from __future__ import annotations
