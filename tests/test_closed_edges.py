@@ -197,7 +197,7 @@ def test_every_log_line_is_redacted_whatever_logged_it() -> None:
 def test_first_run_key_is_not_printed_when_the_output_is_not_a_terminal(
     settings: Any, db: Database
 ) -> None:
-    from walkeep.cli import first_run
+    from walkeep.cli.serve import first_run
     from walkeep.onboarding import credentials_path
 
     banner = first_run(settings, db, show_key=False)

@@ -421,7 +421,7 @@ def test_embedded_ipv4_is_unwrapped_and_public_addresses_pass() -> None:
 
 
 def test_start_up_says_where_alert_webhooks_may_go(tmp_path: Any) -> None:
-    from walkeep.cli import serve_banner
+    from walkeep.cli.serve import serve_banner
 
     def banner(**kw: Any) -> str:
         settings = Settings(data_dir=tmp_path, **kw)

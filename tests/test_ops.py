@@ -132,7 +132,7 @@ def test_smoke_links_the_running_servers_explorer(settings: Settings, clock, db)
 def test_first_run_creates_a_default_account_and_a_private_credentials_file(
     settings: Settings,
 ) -> None:
-    from walkeep.cli import first_run
+    from walkeep.cli.serve import first_run
     from walkeep.db import Database
     from walkeep.service.operators import accounts
 

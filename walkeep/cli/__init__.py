@@ -22,7 +22,6 @@ import typer
 from walkeep import __version__
 from walkeep.cli import accounts, alerts, index, network, serve, statement, verify
 from walkeep.cli._common import CliError, _first_line
-from walkeep.cli.serve import first_run, serve_banner
 from walkeep.errors import ConfigurationError, WalkeepError
 
 app = typer.Typer(
@@ -156,4 +155,4 @@ def _die(message: str, code: int = 1) -> None:
     sys.exit(code)
 
 
-__all__ = ["app", "build_command", "first_run", "main", "serve_banner"]
+__all__ = ["app", "build_command", "main"]
