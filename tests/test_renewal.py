@@ -16,6 +16,7 @@ from walkeep.errors import ConfigurationError
 from walkeep.lifecycle import BlobStatus, MemoryStatus
 from walkeep.service.jobs import reconcile, renew, sweep
 from walkeep.service.jobs.renew import CrashForTest
+from walkeep.service.pipeline import upsert_blob
 from walkeep.service.operators import accounts
 from walkeep.service.runtime import Runtime
 from walkeep.service.tools import runway, store
@@ -563,6 +564,8 @@ def test_a_sweep_racing_a_registration_is_conflict_free(
                 raced.append(completion.upsert_blob(s, a, obj, clock.now(), 2, live=True))
         return real_row(obj, *args, **kwargs)
 
+    assert sweep.sweep(rt).orphans == 0  # first sighting: unknown, not yet an orphan
+    clock.advance(sweep.ORPHAN_GRACE.total_seconds())
     monkeypatch.setattr(lifecycle, "blob_row", registration_meanwhile)
     try:
         report = sweep.sweep(rt)
@@ -574,6 +577,33 @@ def test_a_sweep_racing_a_registration_is_conflict_free(
             select(Blob.account_id, Blob.status).where(Blob.blob_object_id == landed.blob_object_id)
         ).one()
     assert tuple(row) == (a, BlobStatus.LIVE)  # the registration's row, not an orphan
+
+
+def test_a_write_landing_during_a_sweep_is_not_reported_as_an_orphan(
+    rt: Runtime, clock, caplog
+) -> None:  # type: ignore[no-untyped-def]
+    """Issue 29: the sweep recorded a just-uploaded, not yet registered blob as an
+    orphan (warning "recorded 1 orphan blobs") that its registration then adopted.
+    An unknown object is recorded only once it stayed unknown for ORPHAN_GRACE."""
+    import logging
+
+    net = rt.extras["localnet"]
+    landing = net.store_blob(b"landing now", epochs=5, owner=net.server_address).blob
+    lost = net.store_blob(b"never registered", epochs=5, owner=net.server_address).blob
+    with caplog.at_level(logging.WARNING, logger="walkeep.service.jobs.sweep"):
+        assert sweep.sweep(rt).orphans == 0
+    assert "orphan" not in caplog.text
+    a = account(rt, credits=10)
+    with rt.db.begin() as s:  # the landing write is registered a moment later
+        upsert_blob(s, a, landing, clock.now(), 2, live=True)
+    clock.advance(sweep.ORPHAN_GRACE.total_seconds() - 1)
+    assert sweep.sweep(rt).orphans == 0  # not yet: the other one may still be landing
+    clock.advance(1)
+    assert sweep.sweep(rt).orphans == 1  # unknown for the whole grace: an orphan
+    with rt.db.read() as s:
+        rows = {o: st for o, st in s.execute(select(Blob.blob_object_id, Blob.status))}
+    assert rows[landing.blob_object_id] == BlobStatus.LIVE
+    assert rows[lost.blob_object_id] == BlobStatus.ORPHAN
 
 
 def test_a_sweep_locks_lapsing_memories_before_their_accounts(rt: Runtime, clock) -> None:  # type: ignore[no-untyped-def]

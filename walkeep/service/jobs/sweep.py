@@ -6,6 +6,10 @@
    registration and renewal).
 2. **Orphans**: blobs the server wallet owns that the registry does not know (a
    crash between a write landing and its registration) are recorded, never renewed.
+   An object is recorded only once it has stayed unknown for ``ORPHAN_GRACE``: a
+   write that just landed is registered seconds later, and recording it first (to
+   be adopted by its registration) raised a false orphan warning. The first sighting
+   is kept in the worker's memory; a restart only delays the record.
 3. **Stale holds**: holds older than any legitimate operation, with nothing in
    flight behind them, are released so credits never stay locked by a lost worker.
 """
@@ -14,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
@@ -27,6 +31,9 @@ from walkeep.service import alerts
 from walkeep.service.runtime import Runtime
 
 log = logging.getLogger(__name__)
+
+# Longer than landing → registration takes (seconds), shorter than the sweep interval.
+ORPHAN_GRACE = timedelta(minutes=5)
 
 
 @dataclass
@@ -101,11 +108,18 @@ def sweep(rt: Runtime) -> SweepReport:
     known: set[str] = set()
     with rt.db.read() as s:
         known.update(s.scalars(select(Blob.blob_object_id)))
+    unknown_since: dict[str, datetime] = rt.extras.setdefault("sweep.unknown_since", {})
     fresh = []
+    seen: set[str] = set()
     for obj in rt.chain.owned_blobs():
         if obj.blob_object_id in known or obj.end_epoch <= current:
             continue
-        fresh.append(obj)
+        seen.add(obj.blob_object_id)
+        first = unknown_since.setdefault(obj.blob_object_id, now)
+        if now - first >= ORPHAN_GRACE:
+            fresh.append(obj)
+    for gone in unknown_since.keys() - seen:  # registered, recorded or lapsed since
+        del unknown_since[gone]
     if fresh:
         with rt.db.begin() as s:
             # In object-id order and ON CONFLICT DO NOTHING: a write registered by a web
