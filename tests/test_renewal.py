@@ -16,8 +16,8 @@ from walkeep.errors import ConfigurationError
 from walkeep.lifecycle import BlobStatus, MemoryStatus
 from walkeep.service.jobs import reconcile, renew, sweep
 from walkeep.service.jobs.renew import CrashForTest
-from walkeep.service.pipeline import upsert_blob
 from walkeep.service.operators import accounts
+from walkeep.service.pipeline import upsert_blob
 from walkeep.service.runtime import Runtime
 from walkeep.service.tools import runway, store
 
