@@ -301,3 +301,35 @@ def test_worst_first_puts_lapsed_memories_above_a_healthy_account(rt, clock) -> 
     for m in check_runway(rt, lapsing).memories:
         forget.forget(rt, lapsing, memory_id=m.memory_id, request_id=f"ack-{m.memory_id}")
     assert {r.name: r for r in console.account_summaries(rt)}["lapsing"].lapsed == 0
+
+
+def test_sign_in_attempts_are_counted_across_web_processes(rt, settings, clock) -> None:  # type: ignore[no-untyped-def]
+    """Issue 29: the throttle was kept per web process, so N processes allowed N x 10
+    guesses a minute. Two Database objects stand for two processes on one database."""
+    from walkeep.db import Database
+    from walkeep.db.models import SignInAttempts
+    from walkeep.service.jobs import sweep
+
+    other = Database(settings.db_url, clock=clock)
+    try:
+        buckets = ["client:203.0.113.9", "target:admin"]
+        waits = [
+            console.take_sign_in_attempt(rt.db if i % 2 else other, buckets) for i in range(12)
+        ]
+        assert waits[:10] == [0] * 10 and all(w > 0 for w in waits[10:]), waits
+        # Another client guessing the same target is throttled too; one guessing
+        # another target from another address is not.
+        assert console.take_sign_in_attempt(other, ["client:198.51.100.7", "target:admin"]) > 0
+        assert console.take_sign_in_attempt(other, ["client:198.51.100.8", "target:wk_ab"]) == 0
+        clock.advance(60)  # the next minute starts the counts anew
+        assert console.take_sign_in_attempt(rt.db, buckets) == 0
+    finally:
+        other.dispose()
+    with rt.db.read() as s:
+        stored = s.scalars(select(SignInAttempts.bucket)).all()
+    assert stored and not any("203.0.113.9" in b or "admin" in b for b in stored)  # hashed
+    assert len(stored) == 5
+    clock.advance(3600)  # the first minute's three rows are an hour old; the second's not yet
+    assert sweep.sweep(rt).sign_in_rows_pruned == 3
+    clock.advance(60)
+    assert sweep.sweep(rt).sign_in_rows_pruned == 2

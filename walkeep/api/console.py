@@ -30,7 +30,6 @@ import functools
 import hashlib
 import hmac
 import logging
-import math
 import os
 import re
 import secrets
@@ -58,7 +57,6 @@ from walkeep.service.operators import accounts, statements, verify
 from walkeep.service.operators import console as svc
 from walkeep.service.runtime import Runtime
 from walkeep.service.tools import topup
-from walkeep.service.tools.ratelimit import RateLimiter
 from walkeep.service.tools.views import short_duration
 
 log = logging.getLogger(__name__)
@@ -417,7 +415,7 @@ async def login(request: Request) -> Response:
         return _refused(rt, request, exc)
     credential = form.get("credential", "").strip()
     admin_token = rt.settings.admin_token
-    wait = _sign_in_allowed(rt, request, credential)
+    wait = await run_in_threadpool(_sign_in_allowed, rt, request, credential)
     if wait:
         log.warning("console sign-in throttled")
         throttled = _login_page(
@@ -473,39 +471,21 @@ async def _opened(rt: Runtime, session: Session) -> Session:
     return dataclasses.replace(session, sid=sid)
 
 
-SIGN_IN_PER_MINUTE = 10  # per client address and per target (a key's prefix, or the admin)
-
-
 def _sign_in_allowed(rt: Runtime, request: Request, credential: str) -> int:
     """0, or the seconds before this client may try again.
 
-    Every attempt takes a token from two buckets: the client's address, and what it
-    tries to open (the admin, or the key's display prefix), so neither one client
-    guessing many targets nor many clients guessing one target gets more than
-    SIGN_IN_PER_MINUTE tries a minute (300 wrong admin-token guesses took 0.7 s).
+    Every attempt counts in two buckets: the client's address, and what it tries to
+    open (the admin, or the key's display prefix), so neither one client guessing many
+    targets nor many clients guessing one target gets more than
+    ``SIGN_IN_PER_MINUTE`` tries a minute (300 wrong admin-token guesses took 0.7 s).
+    The counts live in the database, shared by every web process.
     """
-    limiter = rt.extras.get("console_sign_in")
-    if limiter is None:
-        limiter = rt.extras.setdefault(
-            "console_sign_in",
-            RateLimiter(
-                rt.settings.model_copy(
-                    update={
-                        "rate_limit_per_minute": SIGN_IN_PER_MINUTE,
-                        "rate_limit_burst": SIGN_IN_PER_MINUTE,
-                        "rate_limits": {},
-                    }
-                )
-            ),
-        )
     client = request.client.host if request.client else "?"
     try:
         target = ids.api_key_display_prefix(credential)
     except ValueError:
         target = "admin"
-    now = rt.clock.time()
-    waits = [limiter.take(client, "sign-in:client", now), limiter.take(target, "sign-in", now)]
-    return math.ceil(max(waits))
+    return svc.take_sign_in_attempt(rt.db, [f"client:{client}", f"target:{target}"])
 
 
 @router.get("/console/link/{token}", response_class=HTMLResponse)

@@ -507,6 +507,23 @@ class ConsoleLink(Base):
     used_at: Mapped[datetime | None]
 
 
+class SignInAttempts(Base):
+    """Console sign-in attempts per bucket in the current minute (``walkeep/service/operators/console.py``).
+
+    A bucket is a client address or what it tries to open (the admin, a key's
+    prefix), kept as its SHA-256. In the database, not in a process, so that N web
+    processes allow the same 10 attempts a minute as one. ``window_start`` is unix
+    seconds, a multiple of 60; an attempt in a later window starts the count anew,
+    and the sweep deletes rows of windows long past.
+    """
+
+    __tablename__ = "sign_in_attempts"
+
+    bucket: Mapped[str] = mapped_column(String(64), primary_key=True)
+    window_start: Mapped[int] = mapped_column(BigInteger, index=True)
+    attempts: Mapped[int] = mapped_column(Integer)
+
+
 class JobRun(Base):
     """The latest run of each worker job, upserted by ``walkeep/scheduler/jobs.py``.
 

@@ -14,13 +14,16 @@ the database in one place; the pages (walkeep/api/console.py) only render.
 from __future__ import annotations
 
 import hashlib
+import math
 import secrets
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import func, select, update
+from sqlalchemy import case, func, select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from walkeep import ids, ledger, lifecycle
 from walkeep.db import Database, rowcount
@@ -36,6 +39,7 @@ from walkeep.db.models import (
     Memory,
     Renewal,
     RenewalItem,
+    SignInAttempts,
 )
 from walkeep.errors import NotFound, Unauthorized, ValidationError
 from walkeep.lifecycle import LISTED, BlobStatus, MemoryStatus
@@ -729,6 +733,49 @@ def open_session(
             )
         )
     return sid
+
+
+SIGN_IN_PER_MINUTE = 10  # per client address and per target (a key's prefix, or the admin)
+_SIGN_IN_WINDOW = 60
+
+
+def take_sign_in_attempt(db: Database, buckets: Sequence[str]) -> int:
+    """Count one sign-in attempt in each bucket; 0, or the seconds before another is allowed.
+
+    Counted in ``sign_in_attempts`` (fixed one-minute windows), not in the process:
+    every web process sees the same counts, so N processes allow no more guesses
+    than one. One upsert per bucket, each in its own transaction: a transaction
+    never holds two of these rows, so attempts and the sweep's pruning cannot
+    deadlock on PostgreSQL.
+    """
+    now = db.clock.time()
+    window = int(now // _SIGN_IN_WINDOW) * _SIGN_IN_WINDOW
+    over = False
+    for bucket in buckets:
+        with db.begin() as s:
+            over |= _count_attempt(s, hashlib.sha256(bucket.encode()).hexdigest(), window) > (
+                SIGN_IN_PER_MINUTE
+            )
+    return max(1, math.ceil(window + _SIGN_IN_WINDOW - now)) if over else 0
+
+
+def _count_attempt(s: Session, bucket: str, window: int) -> int:
+    from sqlalchemy.dialects.postgresql import insert as pg_insert
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    pg = s.get_bind().dialect.name == "postgresql"
+    stmt = (pg_insert if pg else sqlite_insert)(SignInAttempts).values(
+        bucket=bucket, window_start=window, attempts=1
+    )
+    same_window = SignInAttempts.window_start == stmt.excluded.window_start
+    counted = stmt.on_conflict_do_update(
+        index_elements=[SignInAttempts.bucket],
+        set_={
+            "attempts": case((same_window, SignInAttempts.attempts + 1), else_=1),
+            "window_start": stmt.excluded.window_start,
+        },
+    ).returning(SignInAttempts.attempts)
+    return int(s.execute(counted).scalar_one())
 
 
 def end_session(db: Database, sid: str) -> None:
