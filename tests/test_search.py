@@ -349,6 +349,108 @@ def test_merges_publish_generations_other_processes_pick_up(db: Database, tmp_pa
         assert reader.search(acct, None, f"item{i}", 1)[0][0] == f"b{i}"
 
 
+def _bm25_by_brute_force(
+    rows: list[tuple[str, str, dict[int, int]]], dead: set[str], ns: str | None, q: list[int]
+) -> dict[int, float]:
+    """Each in-scope row's normalised BM25 for terms ``q``, by the book, row by row."""
+    from walkeep.index import ranking as rk
+
+    scope = [i for i, (b, n, _) in enumerate(rows) if b not in dead and (ns is None or n == ns)]
+    lens = {i: sum(rows[i][2].values()) for i in scope}
+    avg = sum(lens.values()) / len(scope)
+    idfs = {t: float(rk.idf(sum(1 for i in scope if t in rows[i][2]), len(scope))) for t in q}
+    ideal = sum(idfs.values())
+    out: dict[int, float] = {}
+    for i in scope:
+        score = sum(
+            idfs[t] * float(rk.tf_weight(np.array([rows[i][2][t]]), np.array([lens[i]]), avg)[0])
+            for t in q
+            if t in rows[i][2]
+        )
+        if score:
+            out[i] = score / ideal
+    return out
+
+
+def test_lexical_top_rows_and_scores_are_exact_bm25() -> None:
+    """The accumulator path (walkeep/index/shard.py ``_lexical``) against BM25 computed row
+    by row: segment + delta, dead blobs, namespaces, common and rare words; the same top
+    rows (up to ties) and the same score for every candidate, query after query (the
+    accumulator is reused, so a row left unzeroed would show up in the next query)."""
+    from walkeep.index.rows import RowBatch
+    from walkeep.index.shard import Shard
+
+    rng = np.random.default_rng(7)
+    vocab = 40
+    weights = 1.0 / np.arange(1, vocab + 1)  # Zipf-like: term 0 common, term 39 rare
+    weights /= weights.sum()
+
+    def doc() -> dict[int, int]:
+        words = rng.choice(vocab, size=int(rng.integers(1, 12)), p=weights)
+        counts: dict[int, int] = {}
+        for w in words.tolist():
+            counts[w + 1] = counts.get(w + 1, 0) + 1
+        return counts
+
+    def term_arrays(d: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:
+        keys = sorted(d)
+        return np.array(keys, dtype=np.uint64), np.array([d[k] for k in keys], dtype=np.uint16)
+
+    n_seg, n_delta = 600, 150
+    rows = [(f"blob{i // 3}", "ns-a" if i % 4 else "ns-b", doc()) for i in range(n_seg + n_delta)]
+    seg = seglib.build(
+        account_id="acct",
+        model="m",
+        dim=4,
+        analyzer=termlib.ANALYZER_VERSION,
+        generation=0,
+        row_ids=np.arange(1, n_seg + 1),
+        blob_ids=[b for b, _, _ in rows[:n_seg]],
+        namespaces=[n for _, n, _ in rows[:n_seg]],
+        vec_i8=np.ones((n_seg, 4), dtype=np.int8),
+        row_terms=[term_arrays(d) for _, _, d in rows[:n_seg]],
+        dead_blobs=set(),
+        dead_as_of=0.0,
+        ann_min_rows=10**9,
+    )
+    shard = Shard("acct", 4, 0, seg, None)
+    shard.append(
+        RowBatch(
+            ids=np.arange(n_seg + 1, n_seg + n_delta + 1),
+            blob_ids=[b for b, _, _ in rows[n_seg:]],
+            namespaces=[n for _, n, _ in rows[n_seg:]],
+            vectors=np.ones((n_delta, 4), dtype=np.float32) / 2,
+            terms=[term_arrays(d) for _, _, d in rows[n_seg:]],
+        )
+    )
+    dead: set[str] = set()
+    for _round in range(3):
+        for ns in (None, "ns-a", "ns-b"):
+            scope = shard._scope(ns)
+            assert scope is not None
+            for _ in range(15):
+                q = sorted({int(t) + 1 for t in rng.choice(vocab, size=int(rng.integers(1, 5)))})
+                want = int(rng.integers(1, 30))
+                truth = _bm25_by_brute_force(rows, dead, ns, q)
+                also = np.array(sorted(rng.choice(len(rows), 10, replace=False)), dtype=np.int64)
+                also = also[scope.ok[also]]
+                top, scorer = shard._lexical(np.array(q, dtype=np.uint64), scope, want, also)
+                if not truth:
+                    assert len(top) == 0
+                    continue
+                best = sorted(truth.values(), reverse=True)[: len(top)]
+                assert len(top) == min(want, len(truth))
+                assert list(top) == sorted(top)
+                got = scorer(top)
+                assert sorted(got, reverse=True) == pytest.approx(best, rel=1e-9)
+                assert scorer(also) == pytest.approx([truth.get(int(i), 0.0) for i in also])
+        # Memories die between rounds: they leave the candidates and the statistics.
+        for b in (f"blob{rng.integers(0, len(rows) // 3)}" for _ in range(40)):
+            dead.add(b)
+            shard.set_dead(b, True)
+    assert not shard._acc.any()  # zeroed after every query
+
+
 def test_the_graph_agrees_with_exact_search(db: Database, tmp_path: Path) -> None:
     acct = accounts.create_account(db, "a").account_id
     graph = _index(db, tmp_path / "g", ann_min_rows=100, ranking="dense")
