@@ -175,3 +175,41 @@ def test_check_balance_estimates(rt: Runtime) -> None:
         after.est_runway_funded.startswith("about ")
         and "at current usage" in after.est_runway_funded
     )
+
+
+def test_recall_checks_hits_in_rank_order_only_as_many_as_it_needs(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Visibility is checked for the first ``limit`` ranked hits, then for more only if some
+    were not showable (forgotten here): the answer is the first ``limit`` showable hits in
+    rank order. Checking all 3 × limit + 10 candidates read three times the rows."""
+    from walkeep.backends.base import SearchHit
+
+    a = account(rt, credits=10)
+    mids = [_stored(rt, a, f"note number {i} about kestrels", f"k{i}") for i in range(6)]
+    from sqlalchemy import select
+
+    from walkeep.db.models import Memory
+
+    with rt.db.read() as s:
+        by_id = {i: b for i, b in s.execute(select(Memory.id, Memory.blob_id))}
+    blobs = [by_id[m] for m in mids]
+    assert len(set(blobs)) == 6 and all(blobs)
+    for i in (0, 2):
+        forget.forget(rt, a, memory_id=mids[i], request_id=f"f{i}")
+    hits = [SearchHit(blob_id=b, score=1.0 - i / 10) for i, b in enumerate(blobs)]
+    asked: list[list[str]] = []
+    real = recall._visible
+
+    def spy(rt_, account_id, namespace, blob_ids, current):  # type: ignore[no-untyped-def]
+        asked.append(list(blob_ids))
+        return real(rt_, account_id, namespace, blob_ids, current)
+
+    monkeypatch.setattr(recall, "_visible", spy)
+    got = recall._showable(rt, a, None, hits, 3, 0.0)
+    assert [h.blob_id for h in got] == [blobs[1], blobs[3], blobs[4]]
+    assert [h.score for h in got] == [0.9, 0.7, 0.6]
+    assert asked == [blobs[:3], blobs[3:]]  # three first; then the rest, one more query
+    asked.clear()
+    assert [h.blob_id for h in recall._showable(rt, a, None, hits[1:], 1, 0.0)] == [blobs[1]]
+    assert asked == [blobs[1:2]]

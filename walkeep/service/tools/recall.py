@@ -13,6 +13,7 @@ verbatim — it is data, never instructions (invariant 8).
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 
 from sqlalchemy import func, select
 
@@ -86,12 +87,58 @@ def _showable(
     limit: int,
     min_score: float,
 ) -> list[RecallHit]:
-    """The first ``limit`` hits that are visible memories of this account and scope."""
-    hits = [h for h in hits if h.score >= min_score]
-    if not hits:
+    """The first ``limit`` hits that are visible memories of this account and scope.
+
+    Hits are checked in rank order, only as many at a time as results are still
+    missing (then more, if some were not showable): checking all ``3 × limit + 10``
+    candidates at once read three times the memory and blob rows a recall needs, and
+    at a million memories those rows are mostly not in the page cache.
+    """
+    first: dict[str, SearchHit] = {}
+    for h in hits:
+        if h.score >= min_score:
+            first.setdefault(h.blob_id, h)
+    ranked = list(first)
+    if not ranked:
         return []
     current = rt.chain.current_epoch()
-    blob_ids = list(dict.fromkeys(h.blob_id for h in hits))
+    results: list[RecallHit] = []
+    done = 0
+    while done < len(ranked) and len(results) < limit:
+        missing = limit - len(results)
+        batch = ranked[done : done + (missing if done == 0 else max(4 * missing, 16))]
+        done += len(batch)
+        visible = _visible(rt, account_id, namespace, batch, current)
+        for blob_id in batch:
+            if blob_id not in visible:
+                continue
+            hit = first[blob_id]
+            content = hit.content
+            if content is None:
+                try:
+                    content = rt.relayer.read(account_id, blob_id)
+                except NotFound:
+                    log.warning("blob %s is indexed but unreadable; skipping", blob_id)
+                    continue
+            stored_at, end_epoch = visible[blob_id]
+            results.append(
+                RecallHit(
+                    blob_id=blob_id,
+                    content=content,
+                    score=round(float(hit.score), 4),
+                    stored_at=stored_at,
+                    runway_epochs=lifecycle.runway(end_epoch, current),
+                )
+            )
+            if len(results) >= limit:
+                break
+    return results
+
+
+def _visible(
+    rt: Runtime, account_id: str, namespace: str | None, blob_ids: list[str], current: int
+) -> dict[str | None, tuple[datetime, int]]:
+    """Of ``blob_ids``, those holding a visible memory in scope: (stored_at, end_epoch)."""
     q = (
         select(
             Memory.blob_id,
@@ -110,31 +157,4 @@ def _showable(
     if namespace is not None:
         q = q.where(Memory.namespace == namespace)
     with rt.db.read() as s:
-        visible = {row[0]: (row[1], row[2]) for row in s.execute(q)}
-
-    results: list[RecallHit] = []
-    seen: set[str] = set()
-    for hit in hits:
-        if hit.blob_id in seen or hit.blob_id not in visible:
-            continue
-        seen.add(hit.blob_id)
-        content = hit.content
-        if content is None:
-            try:
-                content = rt.relayer.read(account_id, hit.blob_id)
-            except NotFound:
-                log.warning("blob %s is indexed but unreadable; skipping", hit.blob_id)
-                continue
-        stored_at, end_epoch = visible[hit.blob_id]
-        results.append(
-            RecallHit(
-                blob_id=hit.blob_id,
-                content=content,
-                score=round(float(hit.score), 4),
-                stored_at=stored_at,
-                runway_epochs=lifecycle.runway(end_epoch, current),
-            )
-        )
-        if len(results) >= limit:
-            break
-    return results
+        return {row[0]: (row[1], row[2]) for row in s.execute(q)}
