@@ -213,3 +213,15 @@ def test_recall_checks_hits_in_rank_order_only_as_many_as_it_needs(
     asked.clear()
     assert [h.blob_id for h in recall._showable(rt, a, None, hits[1:], 1, 0.0)] == [blobs[1]]
     assert asked == [blobs[1:2]]
+
+
+def test_rate_limit_zero_turns_every_tools_limit_off(rt: Runtime) -> None:
+    """WALKEEP_RATE_LIMIT_PER_MINUTE=0 is documented as "off"; recall's own default entry
+    (120 a minute) still refused the 121st recall of a benchmark through the server."""
+    from walkeep.service.tools.ratelimit import RateLimiter
+
+    off = RateLimiter(rt.settings.model_copy(update={"rate_limit_per_minute": 0}))
+    assert all(off.take("acct", "recall", 0.0) == 0.0 for _ in range(500))
+    on = RateLimiter(rt.settings)  # the defaults: recall limited at 120 a minute
+    waits = [on.take("acct", "recall", 0.0) for _ in range(rt.settings.rate_limit_burst + 1)]
+    assert waits[-1] > 0 and not any(waits[:-1])

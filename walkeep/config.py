@@ -90,7 +90,8 @@ class Settings(BaseSettings):
     rate_limit_per_minute: int = Field(
         default=600,
         ge=0,
-        description="Calls per minute per account and tool (token bucket refill); 0 = off.",
+        description="Calls per minute per account and tool (token bucket refill); "
+        "0 = off for every tool, rate_limits included.",
     )
     rate_limit_burst: int = Field(
         default=60, ge=1, description="Calls one account may make at once per tool (bucket size)."
