@@ -111,6 +111,7 @@ from walkeep.lifecycle import MemoryStatus
 from walkeep.service.operators import accounts
 from walkeep.service.pipeline import upsert_blob
 from walkeep.service.runtime import Runtime
+from walkeep.service.tools.balance import check_balance
 from walkeep.service.tools.recall import recall
 
 NAMESPACE = "default"
@@ -777,6 +778,12 @@ def measure(spec_path: Path) -> None:
         usearch_exact(seg.vec_i8, q8, RECALL_LIMIT * 3 + 10, "cos", exact=True)
         exact_i8_ms = (time.perf_counter() - t0) * 1000
 
+    # The account's other read tools at this size: check_balance walks its kept blobs
+    # (it took 150 s at 1M once, joined to the memories).
+    t0 = time.perf_counter()
+    check_balance(rt, acct)
+    balance_ms = (time.perf_counter() - t0) * 1000
+
     # Agreement of the index's dense ranking with exact float32 search.
     index.ranking = "dense"
     agree: list[float] = []
@@ -800,6 +807,7 @@ def measure(spec_path: Path) -> None:
                 "ann": bool(seg is not None and seg.ann is not None),
                 "mean_hits": float(np.mean(hits)),
                 "cold_hits": len(cold_res.results),
+                "check_balance_ms": balance_ms,
             }
         ),
         flush=True,
@@ -826,7 +834,7 @@ def report(r: dict[str, Any], p50_10k: float | None) -> list[bool]:
         f"{r['exact_i8_ms']:.1f} ms, over float32 rows (numpy) {r['exact_f32_ms']:.1f} ms; "
         f"warm_p50 / embedding = {r['warm_p50_ms'] / r['embed_p50_ms']:.2f}; "
         f"hits per recall {r['mean_hits']:.1f} (cold {r['cold_hits']}); "
-        f"baseline RSS {r['rss_base_mib']:.0f} MiB",
+        f"baseline RSS {r['rss_base_mib']:.0f} MiB; check_balance {r['check_balance_ms']:.0f} ms",
         flush=True,
     )
     ph = r["phases"]

@@ -225,3 +225,60 @@ def test_rate_limit_zero_turns_every_tools_limit_off(rt: Runtime) -> None:
     on = RateLimiter(rt.settings)  # the defaults: recall limited at 120 a minute
     waits = [on.take("acct", "recall", 0.0) for _ in range(rt.settings.rate_limit_burst + 1)]
     assert waits[-1] > 0 and not any(waits[:-1])
+
+
+def test_renewal_burn_reads_blob_counts_and_agrees_with_the_memories(rt: Runtime) -> None:
+    """check_balance's burn comes from each blob's kept-memory counts: joined to memories,
+    it took 150 s at a million memories on SQLite. It must name the same blobs as the
+    memories do: quilt and plain blobs, paused kept, forgotten not, another account's not."""
+    from sqlalchemy import select, update
+
+    from walkeep.db.models import Blob, Memory
+    from walkeep.lifecycle import BlobStatus, MemoryStatus
+    from walkeep.service import renewal_price
+
+    a, b = account(rt, credits=50), account(rt, credits=50)
+    mids = [_stored(rt, a, f"memory {i} of a", f"a{i}") for i in range(5)]
+    _stored(rt, b, "memory of b", "b0")
+    rt.relayer.quilts = False
+    mids.append(_stored(rt, a, "a plain blob of its own", "a-plain"))
+    forget.forget(rt, a, memory_id=mids[0], request_id="fa0")
+    with rt.db.begin() as s:  # paused memories are kept (renewal resumes after a top-up)
+        s.execute(update(Memory).where(Memory.id == mids[1]).values(status=MemoryStatus.PAUSED))
+
+    def by_the_memories(account_id: str) -> set[int]:
+        with rt.db.read() as s:
+            return set(
+                s.scalars(
+                    select(Blob.id)
+                    .join(Memory, Memory.blob_pk == Blob.id)
+                    .where(
+                        Memory.account_id == account_id,
+                        Memory.status.in_([MemoryStatus.ACTIVE, MemoryStatus.PAUSED]),
+                        Blob.status == BlobStatus.LIVE,
+                    )
+                )
+            )
+
+    seen: list[str] = []
+    real = renewal_price.blob_renewal_cost_mc
+
+    def spy(blob, shares, epochs, price):  # type: ignore[no-untyped-def]
+        seen.append(blob.id)
+        return real(blob, shares, epochs, price)
+
+    renewal_price.blob_renewal_cost_mc = spy  # type: ignore[assignment]
+    try:
+        burn, runway_ = renewal_price.renewal_burn_mc_per_epoch(rt, a)
+    finally:
+        renewal_price.blob_renewal_cost_mc = real  # type: ignore[assignment]
+    with rt.db.read() as s:
+        kinds = dict(s.execute(select(Blob.id, Blob.kind)).all())
+        forgotten = s.scalar(select(Memory.blob_pk).where(Memory.id == mids[0]))
+    assert sorted(seen) == sorted(by_the_memories(a))
+    assert forgotten not in seen and {kinds[i] for i in seen} == {"quilt", "blob"}
+    assert burn > 0 and runway_ == rt.settings.initial_epochs
+    for m in mids[1:]:
+        forget.forget(rt, a, memory_id=m, request_id=f"f-{m}")
+    assert renewal_price.renewal_burn_mc_per_epoch(rt, a) == (0, None)
+    assert renewal_price.renewal_burn_mc_per_epoch(rt, b)[0] > 0
