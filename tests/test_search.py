@@ -451,6 +451,39 @@ def test_lexical_top_rows_and_scores_are_exact_bm25() -> None:
     assert not shard._acc.any()  # zeroed after every query
 
 
+def test_a_long_memorys_chunks_do_not_hide_the_other_memories() -> None:
+    """The best rows can all be chunks of one long memory: the cut widens until it names
+    ``limit`` blobs. It stopped at the best 20 rows, so a search for 2 answered 1, and
+    recall took "fewer hits than asked" for "no more" (a compacted quilt's memory, 246
+    chunks beside its old copy's 246, went missing)."""
+    from walkeep.index.shard import Shard
+
+    word = np.array([1], dtype=np.uint64)
+    rows = [("long", np.array([2], dtype=np.uint16))] * 100 + [
+        ("short", np.array([1], dtype=np.uint16))
+    ]
+    seg = seglib.build(
+        account_id="acct",
+        model="m",
+        dim=4,
+        analyzer=termlib.ANALYZER_VERSION,
+        generation=0,
+        row_ids=np.arange(1, len(rows) + 1),
+        blob_ids=[b for b, _ in rows],
+        namespaces=["default"] * len(rows),
+        vec_i8=np.ones((len(rows), 4), dtype=np.int8),
+        row_terms=[(word, tf) for _, tf in rows],
+        dead_blobs=set(),
+        dead_as_of=0.0,
+        ann_min_rows=10**9,
+    )
+    shard = Shard("acct", 4, 0, seg, None)
+    got = shard.search(None, word, None, 2, "lexical")
+    assert sorted(b for b, _ in got) == ["long", "short"]
+    assert got[0][1] >= got[1][1] > 0
+    assert sorted(b for b, _ in shard.search(None, word, None, 5, "lexical")) == ["long", "short"]
+
+
 def test_the_graph_agrees_with_exact_search(db: Database, tmp_path: Path) -> None:
     acct = accounts.create_account(db, "a").account_id
     graph = _index(db, tmp_path / "g", ann_min_rows=100, ranking="dense")

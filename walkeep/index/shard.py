@@ -314,7 +314,30 @@ class Shard:
         scope = self._scope(namespace)
         if scope is None or limit <= 0:
             return []
+        # A memory of many chunks holds many rows: if the best rows name fewer than
+        # ``limit`` blobs, widen the cut until they do or every row in scope is in it
+        # (else a long memory's chunks would hide the others, and a caller reading
+        # "fewer hits than asked" as "no more" would miss them).
         want = max(limit, 20)
+        while True:
+            ranked = self._ranked(qvec, qterms, scope, want, ranking)
+            if len(ranked) >= limit or want >= scope.live_rows:
+                break
+            want = min(want * 4, scope.live_rows)
+        out = [(self.blob_id(code), score) for code, score in ranked[:limit]]
+        if self.segment is not None:
+            self.segment.release()
+        return out
+
+    def _ranked(
+        self,
+        qvec: np.ndarray | None,
+        qterms: np.ndarray | None,
+        scope: _Scope,
+        want: int,
+        ranking: rk.Ranking,
+    ) -> list[tuple[int, float]]:
+        """(blob code, score) of the blobs among the best ``want`` rows, best first."""
         dense_rows, dense_cos = (
             self._dense(qvec, scope, want)
             if qvec is not None and ranking != "lexical"
@@ -339,21 +362,13 @@ class Shard:
             if (~known).any():
                 assert qvec is not None
                 cos[~known] = self._cosine(qvec, cand[~known])
-        if lex_all is None:
-            lex = np.zeros(len(cand))
-        else:
-            lex = lex_all(cand)
+        lex = np.zeros(len(cand)) if lex_all is None else lex_all(cand)
         fused = rk.fuse(cos, lex, ranking)
         order = np.argsort(-fused, kind="stable")
         blobs = self._row_blob(cand[order])
         _, first = np.unique(blobs, return_index=True)
         first.sort()
-        out: list[tuple[str, float]] = []
-        for i in first[:limit]:
-            out.append((self.blob_id(int(blobs[i])), round(float(fused[order[i]]), 4)))
-        if self.segment is not None:
-            self.segment.release()
-        return out
+        return [(int(blobs[i]), round(float(fused[order[i]]), 4)) for i in first]
 
     def _dense(self, qvec: np.ndarray, scope: _Scope, want: int) -> tuple[np.ndarray, np.ndarray]:
         """In-scope rows nearest ``qvec`` (sorted by row) and their cosine."""
