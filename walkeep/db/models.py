@@ -237,8 +237,10 @@ class Memory(Base):
     __table_args__ = (
         Index(None, "account_id", "namespace", "status"),
         # "Does this blob hold an active memory?" (renewal) is one probe of this
-        # index, whatever the planner's statistics say after a burst of inserts.
-        Index(None, "blob_pk", "status"),
+        # index, whatever the planner's statistics say after a burst of inserts. It
+        # carries each member's patch id and share so that a quilt's kept shares
+        # (renewal_price.quilt_shares) are read off the index alone (migration 0017).
+        Index(None, "blob_pk", "status", "blob_id", "share_micro"),
         Index(None, "status", "accepted_at"),
         Index(None, "account_id", "content_hash"),
         Index(None, "account_id", "blob_id"),

