@@ -543,6 +543,34 @@ def test_rebuild_backfills_terms_of_old_rows_and_resumes(rt: Runtime) -> None:
     assert reindex.rebuild(rt, None).rows_backfilled == 0
 
 
+def test_rebuild_reads_a_batchs_blobs_together_and_counts_the_unreadable(rt: Runtime) -> None:
+    """The backfill reads a batch's blobs in one ``read_many`` (a Walrus aggregator
+    overlaps them) instead of one round trip after another; a row whose blob cannot be
+    read is counted, and its memory is indexed again from its own blob."""
+    acct = account(rt)
+    texts = [f"Ledger line {n} settled by Ababio & Sons" for n in (101, 202, 303, 404)]
+    _store(rt, acct, texts)
+    with rt.db.begin() as s:  # rows as an older version wrote them; one names a lost blob
+        s.execute(update(Embedding).values(terms=None))
+        first = s.scalar(select(Embedding.id).order_by(Embedding.id).limit(1))
+        s.execute(update(Embedding).where(Embedding.id == first).values(blob_id="lost-blob"))
+    asked: list[list[str]] = []
+    real = rt.relayer.read_many
+
+    def spy(account_id: str, blob_ids: list[str]) -> dict[str, str]:
+        asked.append(list(blob_ids))
+        return real(account_id, blob_ids)
+
+    rt.relayer.read_many = spy  # type: ignore[method-assign]
+    report = reindex.rebuild(rt, None)
+    assert report.rows_backfilled == 4 and report.unreadable == 1
+    assert len(asked[0]) == 4 and "lost-blob" in asked[0]  # the whole batch, in one call
+    assert report.memories_indexed == 1 and len(asked) == 2  # the lost row's memory
+    index = rt.relayer.index  # type: ignore[attr-defined]
+    index.ranking = "lexical"
+    assert _recall(rt, acct, "Ababio 101", 1) == [texts[0]]
+
+
 def test_the_worker_backfill_job_says_what_it_did(
     rt: Runtime, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -282,3 +282,99 @@ def test_renewal_burn_reads_blob_counts_and_agrees_with_the_memories(rt: Runtime
         forget.forget(rt, a, memory_id=m, request_id=f"f-{m}")
     assert renewal_price.renewal_burn_mc_per_epoch(rt, a) == (0, None)
     assert renewal_price.renewal_burn_mc_per_epoch(rt, b)[0] > 0
+
+
+def _aggregator(rt: Runtime, parties: int):  # type: ignore[no-untyped-def]
+    """A Walrus aggregator (its HTTP answers, over httpx.MockTransport) serving the local
+    network's patches, where each read waits until ``parties`` reads are in flight at
+    once: reads made one after another never get there (BrokenBarrierError)."""
+    import threading
+
+    import httpx
+
+    from walkeep.backends.walrus import WalrusBlobStore
+
+    local = rt.relayer.store  # type: ignore[attr-defined]
+    barrier = threading.Barrier(parties, timeout=10)
+    paths: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        paths.append(request.url.path)
+        barrier.wait()
+        try:
+            return httpx.Response(200, content=local.get_patch(request.url.path.rsplit("/", 1)[1]))
+        except NotFound:
+            return httpx.Response(404, json={"error": {"code": 404, "status": "NOT_FOUND"}})
+
+    http = httpx.Client(transport=httpx.MockTransport(answer))
+    store = WalrusBlobStore("http://publisher.test", "http://aggregator.test", http=http)
+    return store, paths
+
+
+def _cold_reader(rt: Runtime, store) -> Runtime:  # type: ignore[no-untyped-def]
+    """The same deployment seen by a web process that never landed these writes (the
+    worker did): its plaintext cache is empty, so recall reads every hit from ``store``."""
+    import dataclasses
+
+    from walkeep.backends.self_relayer import SelfRelayer
+
+    r = rt.relayer
+    cold = SelfRelayer(rt.db, rt.clock, store, r.keyring, r.index, r.owner, quilts=True)  # type: ignore[attr-defined]
+    return dataclasses.replace(rt, relayer=cold)
+
+
+def test_recall_reads_its_hits_together_not_one_round_trip_after_another(rt: Runtime) -> None:
+    """Against a Walrus aggregator each uncached hit is a round trip; read one by one, a
+    recall of five hits waited for five in a row. They are fetched at once now, and only
+    as many as the recall shows."""
+    a = account(rt, credits=50)
+    facts = [f"The user's project number {i} is called Falcon-{i}." for i in range(8)]
+    for i, fact in enumerate(facts):
+        store.store(rt, a, content=fact, request_id=f"p{i}")
+    land_all(rt)
+    aggregator, paths = _aggregator(rt, parties=5)
+    with aggregator:
+        reader = _cold_reader(rt, aggregator)
+        res = recall.recall(reader, a, query="what is the user's project called?", limit=5)
+    assert len(res.results) == 5 and {r.content for r in res.results} <= set(facts)
+    assert len(paths) == 5  # the five shown, no more
+    assert all(p.startswith("/v1/blobs/by-quilt-patch-id/") for p in paths)
+
+
+def test_read_many_leaves_out_what_is_gone_and_raises_what_is_down(rt: Runtime) -> None:
+    from walkeep.backends.base import get_each
+    from walkeep.db.models import Memory
+    from walkeep.errors import RelayerUnavailable
+
+    a = account(rt, credits=50)
+    mids = [_stored(rt, a, f"fact {i} worth keeping", f"k{i}") for i in range(3)]
+    with rt.db.read() as s:
+        ids_ = [str(s.get(Memory, m).blob_id) for m in mids]  # type: ignore[union-attr]
+    local = rt.relayer.store  # type: ignore[attr-defined]
+
+    class Store:
+        down = False
+
+        def get_patch(self, patch_id: str) -> bytes:
+            if Store.down:
+                raise RelayerUnavailable("aggregator unavailable")
+            return local.get_patch(patch_id)
+
+        def get_many(self, ids: list[str]) -> dict[str, bytes]:
+            return get_each(self, ids)  # type: ignore[arg-type]
+
+        def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+            return getattr(local, name)
+
+    reader = _cold_reader(rt, Store()).relayer
+    other = _stored(rt, account(rt, credits=50), "another account's fact", "o1")
+    with rt.db.read() as s:
+        theirs = str(s.get(Memory, other).blob_id)  # type: ignore[union-attr]
+    got = reader.read_many(a, [*ids_, theirs, "not-a-blob-id", ids_[1]])
+    assert got == {i: rt.relayer.read(a, i) for i in ids_}  # another's and unknown left out
+    with pytest.raises(NotFound):
+        reader.read(a, theirs)
+    Store.down = True
+    assert reader.read_many(a, ids_) == got  # now cached: the store is not asked
+    with pytest.raises(RelayerUnavailable):
+        _cold_reader(rt, Store()).relayer.read_many(a, ids_)

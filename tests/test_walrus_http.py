@@ -297,6 +297,34 @@ def test_get_by_object_id_path() -> None:
     assert rec.requests[0].url.path == "/v1/blobs/by-object-id/0xabc"
 
 
+def test_get_many_overlaps_reads_leaves_out_404s_and_raises_what_is_down() -> None:
+    """A recall's uncached hits: fetched at once (every read waits until all are in
+    flight, so reads made in turn would break the barrier), each id asked once, a 404
+    left out, an aggregator that stays down raises."""
+    barrier = threading.Barrier(4, timeout=10)
+    asked: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        name = request.url.path.rsplit("/", 1)[1]
+        asked.append(name)
+        barrier.wait()
+        if name == "gone":
+            return httpx.Response(404, json=aip(404, "NOT_FOUND", "BLOB_NOT_FOUND"))
+        if name == "down":
+            return httpx.Response(503)
+        return httpx.Response(200, content=name.encode())
+
+    with WalrusBlobStore(
+        PUB, AGG, retries=0, http=httpx.Client(transport=httpx.MockTransport(answer))
+    ) as store:
+        got = store.get_many(["b1", "b2", "gone", "b3", "b1"])
+        assert got == {"b1": b"b1", "b2": b"b2", "b3": b"b3"}
+        assert sorted(asked) == ["b1", "b2", "b3", "gone"]
+        with pytest.raises(RelayerUnavailable):
+            store.get_many(["b1", "b2", "b3", "down"])
+        assert store.get_many([]) == {}
+
+
 def test_aip193_parsing_tolerates_other_bodies() -> None:
     assert aip193(httpx.Response(404, json=aip(404, "NOT_FOUND", "BLOB_NOT_FOUND", "gone"))) == (
         "BLOB_NOT_FOUND",

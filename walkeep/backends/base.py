@@ -28,6 +28,9 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Literal, Protocol, runtime_checkable
 
+from walkeep.errors import NotFound
+from walkeep.protocol.quilt import is_patch_id
+
 WriteHealth = Literal["ok", "degraded", "paused"]
 
 
@@ -114,7 +117,24 @@ class BlobStore(Protocol):
         """One patch's bytes; NotFound if never stored, malformed, or lapsed."""
         ...
 
+    def get_many(self, ids: Sequence[str]) -> dict[str, bytes]:
+        """The bytes of those of ``ids`` (blob ids or quilt patch ids) that exist:
+        NotFound ones are left out, other errors raise. A store reached over the network
+        overlaps the fetches; a local one reads them in turn (``get_each``)."""
+        ...
+
     def health(self) -> Health: ...
+
+
+def get_each(store: BlobStore, ids: Iterable[str]) -> dict[str, bytes]:
+    """``BlobStore.get_many`` one read after another."""
+    out: dict[str, bytes] = {}
+    for i in dict.fromkeys(ids):
+        try:
+            out[i] = store.get_patch(i) if is_patch_id(i) else store.get(i)
+        except NotFound:
+            continue
+    return out
 
 
 # --- chain ---------------------------------------------------------------------------------
@@ -324,6 +344,11 @@ class Relayer(Protocol):
 
     def read(self, account_id: str, blob_id: str) -> str:
         """Decrypted content; NotFound if gone."""
+        ...
+
+    def read_many(self, account_id: str, blob_ids: Sequence[str]) -> dict[str, str]:
+        """Decrypted contents of those of ``blob_ids`` that exist (NotFound ones are
+        left out), fetched concurrently where the backend can; other errors raise."""
         ...
 
     def search(

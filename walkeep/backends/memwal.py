@@ -72,7 +72,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 from urllib.parse import quote
 
@@ -644,6 +644,10 @@ class MemWalRelayer:
             "The MemWal relayer cannot read a memory by blob_id; its text is returned by recall",
             {"backend": self.name, "reason": "READ_BY_ID_UNSUPPORTED", "blob_id": blob_id},
         )
+
+    def read_many(self, account_id: str, blob_ids: Sequence[str]) -> dict[str, str]:
+        """Nothing: MemWal cannot read by blob_id (recall's hits carry their text)."""
+        return {}
 
     def search(
         self, account_id: str, namespace: str | None, query: str, limit: int

@@ -801,21 +801,39 @@ class SelfRelayer:
 
     # --- reads -------------------------------------------------------------------------
     def read(self, account_id: str, blob_id: str) -> str:
-        key = (account_id, blob_id)
-        with self._lock:
-            if key in self._cache:
-                self._cache.move_to_end(key)
-                return self._cache[key]
-        from walkeep.protocol.quilt import is_patch_id
+        got = self.read_many(account_id, [blob_id])
+        if blob_id not in got:
+            raise NotFound("no such blob for this account", {"blob_id": blob_id})
+        return got[blob_id]
 
-        data = self.store.get_patch(blob_id) if is_patch_id(blob_id) else self.store.get(blob_id)
-        try:
-            text = self.keyring.decrypt(account_id, data).decode("utf-8")
-        except Exception as exc:
-            # Not this account's blob (or corrupted): never reveal anything about it.
-            raise NotFound("no such blob for this account", {"blob_id": blob_id}) from exc
-        self._remember(account_id, blob_id, text)
-        return text
+    def read_many(self, account_id: str, blob_ids: Sequence[str]) -> dict[str, str]:
+        """Decrypted contents of those of ``blob_ids`` that exist; NotFound ones left out.
+
+        What the plaintext cache lacks is asked of the store in one ``get_many`` (a
+        Walrus aggregator's round trips overlap there). Any other error (the aggregator
+        unavailable) raises.
+        """
+        out: dict[str, str] = {}
+        missing: list[str] = []
+        with self._lock:
+            for blob_id in dict.fromkeys(blob_ids):
+                key = (account_id, blob_id)
+                if key in self._cache:
+                    self._cache.move_to_end(key)
+                    out[blob_id] = self._cache[key]
+                else:
+                    missing.append(blob_id)
+        if not missing:
+            return out
+        for blob_id, data in self.store.get_many(missing).items():
+            try:
+                text = self.keyring.decrypt(account_id, data).decode("utf-8")
+            except Exception:
+                # Not this account's blob (or corrupted): never reveal anything about it.
+                continue
+            self._remember(account_id, blob_id, text)
+            out[blob_id] = text
+        return out
 
     def _remember(self, account_id: str, blob_id: str, text: str) -> None:
         size = _text_bytes(text)
@@ -848,13 +866,13 @@ class SelfRelayer:
     def list_contents(
         self, account_id: str, namespace: str | None, blob_ids: Iterable[str]
     ) -> list[ListedContent] | None:
-        out: list[ListedContent] = []
-        for blob_id in blob_ids:
-            try:
-                out.append(ListedContent(blob_id, namespace or "", self.read(account_id, blob_id)))
-            except NotFound:
-                continue
-        return out
+        wanted = list(blob_ids)
+        contents = self.read_many(account_id, wanted)
+        return [
+            ListedContent(blob_id, namespace or "", contents[blob_id])
+            for blob_id in wanted
+            if blob_id in contents
+        ]
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,14 +35,23 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 from urllib.parse import quote
 
 import httpx
 
-from walkeep.backends.base import BlobObject, Health, QuiltPatch, StoredBlob, StoredQuilt
+from walkeep.backends.base import (
+    BlobObject,
+    Health,
+    QuiltPatch,
+    StoredBlob,
+    StoredQuilt,
+    get_each,
+)
 from walkeep.errors import (
     ConfigurationError,
     NotFound,
@@ -58,6 +67,10 @@ log = logging.getLogger(__name__)
 Outcome = Literal["not_sent", "not_stored", "unknown"]
 
 _RETRYABLE_GET = frozenset({429, 500, 502, 503, 504})
+# Reads one process keeps in flight for ``get_many`` (a recall's hits, an export's page):
+# a recall of ten uncached hits costs about one round trip, without one process opening
+# dozens of connections to a shared aggregator.
+READ_CONCURRENCY = 8
 
 
 def aip193(response: httpx.Response) -> tuple[str | None, str]:
@@ -145,8 +158,12 @@ class WalrusBlobStore:
         self._rng = rng
         self._backoff_base = backoff_base
         self._backoff_max = backoff_max
+        self._readers: ThreadPoolExecutor | None = None
+        self._readers_lock = threading.Lock()
 
     def close(self) -> None:
+        if self._readers is not None:
+            self._readers.shutdown(wait=False, cancel_futures=True)
         if self._owns_http:
             self._http.close()
 
@@ -431,6 +448,30 @@ class WalrusBlobStore:
         return self._get(
             f"/v1/blobs/by-quilt-patch-id/{quote(patch_id, safe='')}", {"patch_id": patch_id}
         )
+
+    def get_many(self, ids: Sequence[str]) -> dict[str, bytes]:
+        """Those of ``ids`` that exist, fetched ``READ_CONCURRENCY`` at a time.
+
+        Each read is a round trip in which the aggregator rebuilds the blob from storage
+        nodes; one after another, a recall of ten uncached hits waited for ten of them.
+        NotFound ones are left out; any other failure (after its retries) raises.
+        """
+        unique = list(dict.fromkeys(ids))
+        if len(unique) <= 1:
+            return get_each(self, unique)
+        with self._readers_lock:
+            if self._readers is None:
+                self._readers = ThreadPoolExecutor(READ_CONCURRENCY, "walkeep-walrus-read")
+            pool = self._readers
+        futures = {i: pool.submit(get_each, self, (i,)) for i in unique}
+        out: dict[str, bytes] = {}
+        try:
+            for future in futures.values():
+                out.update(future.result())
+        finally:
+            for future in futures.values():  # after a failure: drop what has not started
+                future.cancel()
+        return out
 
     def get_by_object_id(self, object_id: str) -> bytes:
         """The bytes behind a Blob (or SharedBlob) object id."""

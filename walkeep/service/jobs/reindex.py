@@ -36,6 +36,8 @@ from walkeep.service.runtime import Runtime
 log = logging.getLogger(__name__)
 
 BATCH_ROWS = 500
+# Memories with no index row, read this many at a time (``Relayer.read_many``).
+READ_BATCH = 64
 
 
 @dataclass
@@ -132,15 +134,17 @@ def rebuild(
 
         tick(0)
         _backfill_account(rt, index, account_id, report, None, tick)
-        for memory_namespace, blob_id in _unindexed(rt, index, account_id):
-            try:
-                text = rt.relayer.read(account_id, blob_id)
-            except NotFound:
-                report.unreadable += 1
-            else:
-                index.add(account_id, memory_namespace, blob_id, text)
-                report.memories_indexed += 1
-            tick(1)
+        unindexed = _unindexed(rt, index, account_id)
+        for at in range(0, len(unindexed), READ_BATCH):
+            batch = unindexed[at : at + READ_BATCH]
+            texts = rt.relayer.read_many(account_id, [blob_id for _, blob_id in batch])
+            for memory_namespace, blob_id in batch:
+                if blob_id not in texts:
+                    report.unreadable += 1
+                else:
+                    index.add(account_id, memory_namespace, blob_id, texts[blob_id])
+                    report.memories_indexed += 1
+                tick(1)
         if index.merge(account_id, full=True):
             report.segments_written += 1
     return report
@@ -201,15 +205,14 @@ def _backfill_account(
         if not rows:
             break
         after = rows[-1][0]
-        chunks_of: dict[str, list[str] | None] = {}
+        # The batch's blobs read together (a Walrus aggregator overlaps them); one that
+        # is lapsed or foreign has nothing to read.
+        blob_ids = list(dict.fromkeys(blob_id for _, blob_id, _ in rows))
+        texts = rt.relayer.read_many(account_id, blob_ids)
+        chunks_of = {b: index.chunk(texts[b]) if b in texts else None for b in blob_ids}
+        report.unreadable += len(blob_ids) - len(texts)
         updates: list[dict[str, object]] = []
         for row_id, blob_id, chunk in rows:
-            if blob_id not in chunks_of:
-                try:
-                    chunks_of[blob_id] = index.chunk(rt.relayer.read(account_id, blob_id))
-                except NotFound:
-                    chunks_of[blob_id] = None  # lapsed or foreign: nothing to read
-                    report.unreadable += 1
             chunks = chunks_of[blob_id]
             part = chunk % COPY_STRIDE
             text = chunks[part] if chunks is not None and part < len(chunks) else ""

@@ -20,7 +20,7 @@ from sqlalchemy import func, select
 from walkeep import lifecycle
 from walkeep.backends.base import SearchHit
 from walkeep.db.models import Blob, Memory
-from walkeep.errors import NotFound, ValidationError
+from walkeep.errors import ValidationError
 from walkeep.lifecycle import VISIBLE
 from walkeep.service.namespaces import validate_namespace
 from walkeep.service.runtime import Runtime
@@ -109,29 +109,30 @@ def _showable(
         batch = ranked[done : done + (missing if done == 0 else max(4 * missing, 16))]
         done += len(batch)
         visible = _visible(rt, account_id, namespace, batch, current)
-        for blob_id in batch:
-            if blob_id not in visible:
-                continue
-            hit = first[blob_id]
-            content = hit.content
-            if content is None:
-                try:
-                    content = rt.relayer.read(account_id, blob_id)
-                except NotFound:
+        shown = [b for b in batch if b in visible]
+        while shown and len(results) < limit:
+            # As many as are still missing, read together (the backend may overlap the
+            # fetches: ten aggregator round trips one after another were most of a
+            # cold recall on Walrus), then more only if some were unreadable.
+            take, shown = shown[: limit - len(results)], shown[limit - len(results) :]
+            unread = [b for b in take if first[b].content is None]
+            contents = rt.relayer.read_many(account_id, unread) if unread else {}
+            for blob_id in take:
+                hit = first[blob_id]
+                content = hit.content if hit.content is not None else contents.get(blob_id)
+                if content is None:
                     log.warning("blob %s is indexed but unreadable; skipping", blob_id)
                     continue
-            stored_at, end_epoch = visible[blob_id]
-            results.append(
-                RecallHit(
-                    blob_id=blob_id,
-                    content=content,
-                    score=round(float(hit.score), 4),
-                    stored_at=stored_at,
-                    runway_epochs=lifecycle.runway(end_epoch, current),
+                stored_at, end_epoch = visible[blob_id]
+                results.append(
+                    RecallHit(
+                        blob_id=blob_id,
+                        content=content,
+                        score=round(float(hit.score), 4),
+                        stored_at=stored_at,
+                        runway_epochs=lifecycle.runway(end_epoch, current),
+                    )
                 )
-            )
-            if len(results) >= limit:
-                break
     return results
 
 
