@@ -68,8 +68,8 @@ Outcome = Literal["not_sent", "not_stored", "unknown"]
 
 _RETRYABLE_GET = frozenset({429, 500, 502, 503, 504})
 # Reads one process keeps in flight for ``get_many`` (a recall's hits, an export's page):
-# a recall of ten uncached hits costs about one round trip, without one process opening
-# dozens of connections to a shared aggregator.
+# a recall's default five uncached hits cost one round trip (ten cost two), without one
+# process opening dozens of connections to a shared aggregator.
 READ_CONCURRENCY = 8
 
 
