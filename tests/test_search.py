@@ -372,6 +372,28 @@ def _bm25_by_brute_force(
     return out
 
 
+def _exact_segment(
+    blob_ids: list[str], namespaces: list[str], row_terms: list[tuple[np.ndarray, np.ndarray]]
+):  # type: ignore[no-untyped-def]
+    """A segment of account "acct", rows 1…n with equal 4-d vectors, searched exactly."""
+    n = len(blob_ids)
+    return seglib.build(
+        account_id="acct",
+        model="m",
+        dim=4,
+        analyzer=termlib.ANALYZER_VERSION,
+        generation=0,
+        row_ids=np.arange(1, n + 1),
+        blob_ids=blob_ids,
+        namespaces=namespaces,
+        vec_i8=np.ones((n, 4), dtype=np.int8),
+        row_terms=row_terms,
+        dead_blobs=set(),
+        dead_as_of=0.0,
+        ann_min_rows=10**9,
+    )
+
+
 def test_lexical_top_rows_and_scores_are_exact_bm25() -> None:
     """The accumulator path (walkeep/index/shard.py ``_lexical``) against BM25 computed row
     by row: segment + delta, dead blobs, namespaces, common and rare words; the same top
@@ -398,20 +420,10 @@ def test_lexical_top_rows_and_scores_are_exact_bm25() -> None:
 
     n_seg, n_delta = 600, 150
     rows = [(f"blob{i // 3}", "ns-a" if i % 4 else "ns-b", doc()) for i in range(n_seg + n_delta)]
-    seg = seglib.build(
-        account_id="acct",
-        model="m",
-        dim=4,
-        analyzer=termlib.ANALYZER_VERSION,
-        generation=0,
-        row_ids=np.arange(1, n_seg + 1),
-        blob_ids=[b for b, _, _ in rows[:n_seg]],
-        namespaces=[n for _, n, _ in rows[:n_seg]],
-        vec_i8=np.ones((n_seg, 4), dtype=np.int8),
-        row_terms=[term_arrays(d) for _, _, d in rows[:n_seg]],
-        dead_blobs=set(),
-        dead_as_of=0.0,
-        ann_min_rows=10**9,
+    seg = _exact_segment(
+        [b for b, _, _ in rows[:n_seg]],
+        [n for _, n, _ in rows[:n_seg]],
+        [term_arrays(d) for _, _, d in rows[:n_seg]],
     )
     shard = Shard("acct", 4, 0, seg, None)
     shard.append(
@@ -462,20 +474,8 @@ def test_a_long_memorys_chunks_do_not_hide_the_other_memories() -> None:
     rows = [("long", np.array([2], dtype=np.uint16))] * 100 + [
         ("short", np.array([1], dtype=np.uint16))
     ]
-    seg = seglib.build(
-        account_id="acct",
-        model="m",
-        dim=4,
-        analyzer=termlib.ANALYZER_VERSION,
-        generation=0,
-        row_ids=np.arange(1, len(rows) + 1),
-        blob_ids=[b for b, _ in rows],
-        namespaces=["default"] * len(rows),
-        vec_i8=np.ones((len(rows), 4), dtype=np.int8),
-        row_terms=[(word, tf) for _, tf in rows],
-        dead_blobs=set(),
-        dead_as_of=0.0,
-        ann_min_rows=10**9,
+    seg = _exact_segment(
+        [b for b, _ in rows], ["default"] * len(rows), [(word, tf) for _, tf in rows]
     )
     shard = Shard("acct", 4, 0, seg, None)
     got = shard.search(None, word, None, 2, "lexical")
