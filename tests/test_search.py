@@ -484,7 +484,12 @@ def test_a_long_memorys_chunks_do_not_hide_the_other_memories() -> None:
     assert sorted(b for b, _ in shard.search(None, word, None, 5, "lexical")) == ["long", "short"]
 
 
-def test_the_graph_agrees_with_exact_search(db: Database, tmp_path: Path) -> None:
+def test_the_graph_agrees_with_exact_search(
+    db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One build thread: usearch inserts in parallel otherwise, so the graph (and this
+    # agreement, 0.96–1.0) changed with how the threads interleaved under CI's load.
+    monkeypatch.setattr(seglib.os, "cpu_count", lambda: 1)
     acct = accounts.create_account(db, "a").account_id
     graph = _index(db, tmp_path / "g", ann_min_rows=100, ranking="dense")
     exact = _index(db, tmp_path / "e", ann_min_rows=10**9, ranking="dense")
