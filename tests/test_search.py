@@ -446,16 +446,17 @@ def test_lexical_top_rows_and_scores_are_exact_bm25() -> None:
                 truth = _bm25_by_brute_force(rows, dead, ns, q)
                 also = np.array(sorted(rng.choice(len(rows), 10, replace=False)), dtype=np.int64)
                 also = also[scope.ok[also]]
-                top, scorer = shard._lexical(np.array(q, dtype=np.uint64), scope, want, also)
-                if not truth:
-                    assert len(top) == 0
-                    continue
-                best = sorted(truth.values(), reverse=True)[: len(top)]
-                assert len(top) == min(want, len(truth))
-                assert list(top) == sorted(top)
-                got = scorer(top)
-                assert sorted(got, reverse=True) == pytest.approx(best, rel=1e-9)
-                assert scorer(also) == pytest.approx([truth.get(int(i), 0.0) for i in also])
+                with shard._lexical(np.array(q, dtype=np.uint64), scope, want) as lex:
+                    top = lex.top_rows
+                    if not truth:
+                        assert len(top) == 0
+                        continue
+                    best = sorted(truth.values(), reverse=True)[: len(top)]
+                    assert len(top) == min(want, len(truth))
+                    assert list(top) == sorted(top)
+                    got = lex.scores(top)
+                    assert sorted(got, reverse=True) == pytest.approx(best, rel=1e-6)
+                    assert lex.scores(also) == pytest.approx([truth.get(int(i), 0.0) for i in also])
         # Memories die between rounds: they leave the candidates and the statistics.
         for b in (f"blob{rng.integers(0, len(rows) // 3)}" for _ in range(40)):
             dead.add(b)
@@ -656,3 +657,55 @@ def test_usearch_is_imported_so_that_onnxruntime_can_load_after_it() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "alive", (out.returncode, out.stderr)
+
+
+def test_the_question_is_embedded_while_the_shard_is_brought_up_to_date(
+    db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Embedding the question and the freshness round trip (then the words' BM25) are
+    independent: they overlap, so a warm recall costs the longer, not the sum. The
+    embedder here waits until the shard has asked the database for its newest row; run
+    one after the other, it would wait in vain and the search would fail."""
+    import threading
+
+    from walkeep.index import search as searchlib
+
+    acct = accounts.create_account(db, "a").account_id
+    index = _index(db, tmp_path, ranking="hybrid")
+    _fill(index, acct, 40)
+    asked = threading.Event()
+    real_head = index.rows.head
+
+    def head(account_id: str) -> tuple[int, int]:
+        asked.set()
+        return real_head(account_id)
+
+    class WaitsForTheShard(HashEmbedder):
+        def embed(self, texts: Any) -> np.ndarray:
+            if texts == ["walrus item7"]:
+                assert asked.wait(timeout=30), "embedded before the shard was refreshed"
+            return super().embed(texts)
+
+    monkeypatch.setattr(index.rows, "head", head)
+    index.embedder = WaitsForTheShard()
+    assert index.search(acct, None, "walrus item7", 3)[0][0] == "b7"
+
+    # Every helper busy: the asking thread embeds the question itself, same answer.
+    gate = threading.Event()
+    blockers = [searchlib._EMBED_POOL.submit(gate.wait) for _ in range(16)]
+    try:
+        asked.clear()
+        index.embedder = HashEmbedder()
+        assert index.search(acct, None, "walrus item7", 3)[0][0] == "b7"
+    finally:
+        gate.set()
+        for b in blockers:
+            b.result()
+
+    class Broken(HashEmbedder):
+        def embed(self, texts: Any) -> np.ndarray:
+            raise RuntimeError("model gone")
+
+    index.embedder = Broken()
+    with pytest.raises(RuntimeError, match="model gone"):
+        index.search(acct, None, "walrus item7", 3)

@@ -33,10 +33,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
+import os
 import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -136,13 +138,13 @@ class SearchIndex:
         if limit <= 0:
             return []
         ranking = self.ranking
-        qvec = self.embedder.embed([query])[0] if ranking != "lexical" else None
         qterms = None
         if ranking != "dense":
             key = self.terms_key(account_id)
             if key is None:
                 return []  # no data key: the account never stored anything
             qterms = termlib.hash_terms(key, termlib.terms(query))
+        qvec = _embed_aside(self.embedder, query) if ranking != "lexical" else None
         shard = self.shard(account_id)
         with shard.lock:
             return shard.search(qvec, qterms, namespace, limit, ranking)
@@ -487,6 +489,30 @@ class SearchIndex:
     def clear_cache(self) -> None:
         with self._lock:
             self._shards.clear()
+
+
+# Query embeddings run here while the asking thread brings the shard up to date (a
+# database round trip) and scores the words: onnxruntime and numpy release the GIL,
+# so at a million rows a warm recall costs the longer of the two, not their sum.
+_EMBED_POOL = ThreadPoolExecutor(
+    max_workers=max(2, os.cpu_count() or 2), thread_name_prefix="embed"
+)
+
+
+def _embed_aside(embedder: Embedder, query: str) -> Callable[[], np.ndarray]:
+    """The query's vector, being computed on another thread; call to wait for it.
+
+    If every helper is busy (many recalls at once), the asking thread embeds it
+    itself when it needs it rather than queue behind the others.
+    """
+    future = _EMBED_POOL.submit(lambda: embedder.embed([query])[0])
+
+    def result() -> np.ndarray:
+        if future.cancel():
+            return embedder.embed([query])[0]
+        return future.result()
+
+    return result
 
 
 def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
