@@ -11,9 +11,11 @@ from walkeep.protocol.quilt import (
     MAX_PATCHES,
     QUILT_VERSION,
     PatchRef,
+    column_range,
     decode_patch_id,
     encode_index,
     encode_patch_id,
+    from_columns,
     is_patch_id,
     layout_bytes,
     max_patches,
@@ -23,6 +25,7 @@ from walkeep.protocol.quilt import (
     read_patch,
     single_blob_storage_size,
     source_symbols,
+    to_columns,
 )
 from walkeep.protocol.walrus import encoded_blob_length, storage_units
 
@@ -271,3 +274,31 @@ def test_a_full_quilt_lets_the_index_set_the_symbol_size() -> None:
 
     assert units(655) == (4, 65)
     assert units(666) == (36, 96)
+
+
+@pytest.mark.parametrize("sizes", [[50_000, 3_000, 200_000], [700] * 600, [1]])
+def test_kept_column_by_column_a_patch_is_one_range(sizes: list[int]) -> None:
+    """Small symbols (many rows per symbol byte) and large ones take different copy
+    paths; both must round-trip, and a patch's data must open its column range."""
+    layout = plan_layout([(f"p{i}", s) for i, s in enumerate(sizes)])
+    rng = random.Random(len(sizes))
+    datas = [rng.randbytes(s) for s in sizes]
+    laid = layout_bytes(layout, datas)
+    columns = to_columns(laid)
+    assert len(columns) == len(laid) and columns != laid
+    assert from_columns(columns) == laid
+    for slot, data in zip(layout.slots, datas, strict=True):
+        span = column_range(len(laid), slot.start_col, slot.end_col)
+        assert span.stop - span.start == (slot.end_col - slot.start_col) * layout.column_bytes
+        assert columns[span][: slot.size] == data
+        assert read_patch(laid, layout, slot.start_col, slot.end_col) == data
+
+
+def test_column_functions_refuse_what_is_not_a_quilt() -> None:
+    rows, cols = source_symbols()
+    with pytest.raises(ValueError, match="not a quilt"):
+        to_columns(b"x" * (rows * cols * 2 + 1))
+    with pytest.raises(ValueError, match="not a quilt"):
+        from_columns(b"x" * (rows * cols))  # odd symbol size
+    with pytest.raises(ValueError, match="outside"):
+        column_range(rows * cols * 2, 5, cols + 1)

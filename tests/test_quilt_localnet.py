@@ -10,10 +10,19 @@ import pytest
 
 from walkeep.backends.base import BlobStore, Faults, StoredQuilt
 from walkeep.backends.localnet import LocalBlobStore, LocalNetwork
+from walkeep.backends.localnet.codec import blob_id_for
 from walkeep.backends.localnet.engine import DB_FILE
 from walkeep.clock import ManualClock
 from walkeep.errors import NotFound, RelayerUnavailable, ValidationError
-from walkeep.protocol.quilt import decode_patch_id, encode_patch_id, parse_index, plan_layout
+from walkeep.protocol.quilt import (
+    column_range,
+    decode_patch_id,
+    encode_patch_id,
+    from_columns,
+    parse_index,
+    plan_layout,
+    to_columns,
+)
 from walkeep.protocol.walrus import storage_units
 
 EPOCH = 3600
@@ -205,3 +214,53 @@ def test_quilts_survive_a_restart(tmp_path: Path, clock: ManualClock) -> None:
         stored = put(first, patches(3))
     with LocalNetwork(tmp_path / "ln", clock) as second:
         assert second.read_patch(stored.patches[2].patch_id) == patches(3)[2][1]
+
+
+def test_a_quilt_is_kept_column_by_column_and_read_back_whole_row_by_row(
+    net: LocalNetwork,
+) -> None:
+    """A patch is one range of the stored bytes; the blob as a whole is still its
+    row-by-row bytes, the ones its blob id was computed from."""
+    items = patches(30)
+    stored = put(net, items)
+    db = sqlite3.connect(net.state_dir / DB_FILE)
+    try:
+        data, columns = db.execute(
+            "SELECT data, columns FROM contents WHERE blob_id = ?", (stored.blob.blob_id,)
+        ).fetchone()
+    finally:
+        db.close()
+    laid = net.read_blob(stored.blob.blob_id)
+    assert columns == 1 and data == to_columns(laid) and data != laid
+    assert blob_id_for(laid) == stored.blob.blob_id
+    assert net.read_by_object(stored.blob.blob_object_id) == laid
+    for (_, want), patch in zip(items, stored.patches, strict=True):
+        ref = decode_patch_id(patch.patch_id)
+        span = column_range(len(laid), ref.start_col, ref.end_col)
+        assert data[span.start : span.start + len(want)] == want
+        assert net.read_patch(patch.patch_id) == want
+
+
+def test_a_network_from_before_column_storage_is_upgraded_and_still_read(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """A network whose quilts were kept row by row (and whose contents table has no
+    ``columns``): reopened, it gains the column and reads old and new quilts alike."""
+    with LocalNetwork(tmp_path / "ln", clock) as first:
+        old = put(first, patches(12))
+    db = sqlite3.connect(tmp_path / "ln" / DB_FILE)
+    try:
+        (data,) = db.execute("SELECT data FROM contents").fetchone()
+        db.execute("UPDATE contents SET data = ?", (from_columns(data),))
+        db.execute("ALTER TABLE contents DROP COLUMN columns")
+        db.commit()
+    finally:
+        db.close()
+    with LocalNetwork(tmp_path / "ln", clock) as second:
+        new = put(second, patches(7, size=900))
+        for stored, items in ((old, patches(12)), (new, patches(7, size=900))):
+            for (identifier, want), patch in zip(items, stored.patches, strict=True):
+                assert second.read_patch(patch.patch_id) == want
+                _, got = second.read_quilt_patch_by_identifier(stored.blob.blob_id, identifier)
+                assert got == want
+            assert blob_id_for(second.read_blob(stored.blob.blob_id)) == stored.blob.blob_id

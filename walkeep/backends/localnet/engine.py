@@ -126,6 +126,7 @@ from walkeep.backends.localnet.records import (
 )
 from walkeep.clock import Clock
 from walkeep.errors import NotFound, RelayerUnavailable, ValidationError
+from walkeep.protocol import quilt
 from walkeep.protocol.b58 import b58encode
 from walkeep.protocol.walrus import MAX_EPOCHS_AHEAD, encoded_blob_length, walrus_storage_cost_frost
 
@@ -170,6 +171,12 @@ class _Schedule:
     def from_json(cls, text: str) -> _Schedule:
         d = json.loads(text)
         return cls(d["genesis_us"], d["anchor_us"], d["anchor_epoch"], d["seconds"])
+
+
+def _blob_bytes(row: tuple[bytes, int]) -> bytes:
+    """A blob's bytes from its ``contents`` row (a quilt may be kept column by column)."""
+    data, columns = row
+    return quilt.from_columns(bytes(data)) if columns else bytes(data)
 
 
 def _gas_key(sender: str) -> str:
@@ -351,6 +358,10 @@ class LocalNetwork:
             # One statement at a time: executescript() would COMMIT our transaction.
             for stmt in filter(None, (s.strip() for s in SCHEMA.split(";"))):
                 c.execute(stmt)
+            # Networks made before quilts were kept column by column (contents.columns:
+            # 1 = the data is quilt.to_columns of the blob's bytes): their rows stay as is.
+            if "columns" not in {r[1] for r in c.execute("PRAGMA table_info(contents)")}:
+                c.execute("ALTER TABLE contents ADD COLUMN columns INTEGER NOT NULL DEFAULT 0")
             meta = dict(c.execute("SELECT key, value FROM meta").fetchall())
             now = now_us(self.clock)
             if "schedule" not in meta:
@@ -583,8 +594,13 @@ class LocalNetwork:
         epochs: int,
         owner: str,
         permanent: bool,
+        columns: bytes | None = None,
     ) -> StoredBlob:
-        """Register + certify (+ transfer) one new Blob object inside ``c``'s transaction."""
+        """Register + certify (+ transfer) one new Blob object inside ``c``'s transaction.
+
+        ``columns``: the same bytes column by column (a quilt's, ``quilt.to_columns``),
+        kept instead of ``data`` so that a patch is read in one range.
+        """
         blob_id = blob_id_for(data)
         deletable = not permanent
         storage_size = encoded_blob_length(len(data))
@@ -637,8 +653,8 @@ class LocalNetwork:
                 }
             )
         c.execute(
-            "INSERT OR IGNORE INTO contents (blob_id, size, data) VALUES (?, ?, ?)",
-            (blob_id, len(data), data),
+            "INSERT OR IGNORE INTO contents (blob_id, size, data, columns) VALUES (?, ?, ?, ?)",
+            (blob_id, len(data), data if columns is None else columns, columns is not None),
         )
         record = ObjectRecord(
             object_id=object_id,
@@ -698,13 +714,15 @@ class LocalNetwork:
                 (blob_id, epoch),
             ).fetchone()
             row = (
-                c.execute("SELECT data FROM contents WHERE blob_id = ?", (blob_id,)).fetchone()
+                c.execute(
+                    "SELECT data, columns FROM contents WHERE blob_id = ?", (blob_id,)
+                ).fetchone()
                 if live
                 else None
             )
         if row is None:
             raise NotFound("blob not found (never stored, or expired)", {"blob_id": blob_id})
-        return bytes(row[0])
+        return _blob_bytes(row)
 
     def read_by_object(self, object_id: str) -> bytes:
         """The bytes behind a Blob object; NotFound if unknown or lapsed."""
@@ -716,13 +734,13 @@ class LocalNetwork:
         with self._read() as c:
             epoch = self._epoch(c)
             row = c.execute(
-                "SELECT contents.data FROM objects JOIN contents USING (blob_id) "
+                "SELECT contents.data, contents.columns FROM objects JOIN contents USING (blob_id) "
                 "WHERE objects.object_id = ? AND objects.end_epoch > ?",
                 (oid, epoch),
             ).fetchone()
         if row is None:
             raise NotFound("blob object not found (unknown, or expired)", {"blob_object_id": oid})
-        return bytes(row[0])
+        return _blob_bytes(row)
 
     # --- objects -------------------------------------------------------------------------
 

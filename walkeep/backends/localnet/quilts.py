@@ -8,7 +8,11 @@ expiry, ``owned_blobs`` and the explorer keep working unchanged. The engine
 holds a :class:`QuiltStore` and hands it its blob plumbing (:class:`BlobPlumbing`);
 this module never imports the engine.
 
-State: the laid-out quilt bytes live in ``contents`` like any blob's; the
+State: the laid-out quilt bytes live in ``contents`` like any blob's, but
+column by column (``quilt.to_columns``; ``contents.columns`` = 1), as Walrus
+storage nodes keep secondary slivers: a patch is then one contiguous range, read
+in one call where the row-by-row bytes needed one read per row (334). Whole-blob
+reads turn them back into rows. The
 ``quilt_patches`` table (created on first use, so the engine's schema stays
 untouched) lists each quilt's patches for fast lookups by patch id or
 identifier. The bytes alone are enough to recover it (``quilt.parse_index``).
@@ -31,12 +35,14 @@ from walkeep.protocol.quilt import (
     ByteSource,
     PatchSlot,
     QuiltLayout,
+    column_range,
     decode_patch_id,
     encode_patch_id,
     layout_bytes,
     plan_layout,
     read_patch,
     source_symbols,
+    to_columns,
 )
 
 _QUILT_SCHEMA = (
@@ -101,6 +107,7 @@ class BlobPlumbing(Protocol):
         epochs: int,
         owner: str,
         permanent: bool,
+        columns: bytes | None = None,
     ) -> StoredBlob: ...
     def _already_certified(
         self, c: sqlite3.Connection, blob_id: str, epoch: int, epochs: int, permanent: bool
@@ -175,7 +182,14 @@ class QuiltStore:
                     stored = (existing.to_blob_object(), False, None)
             if stored is None:
                 new = self._net._store_one(
-                    c, data, epoch, self._net._price(c), epochs, owner, permanent
+                    c,
+                    data,
+                    epoch,
+                    self._net._price(c),
+                    epochs,
+                    owner,
+                    permanent,
+                    columns=to_columns(data),
                 )
                 stored = (new.blob, True, new.cost_frost)
             blob = stored[0]
@@ -210,39 +224,35 @@ class QuiltStore:
     ) -> tuple[LocalPatch, bytes]:
         self._net._blob_op()
         self._ensure_quilt_schema()
-        blob_id = params[0]
         with self._net._read() as c:
             epoch = self._net._epoch(c)
             row = c.execute(
-                f"SELECT start_col, end_col, identifier, size, tags FROM quilt_patches WHERE {where}",
-                params,
+                "SELECT q.start_col, q.end_col, q.identifier, q.size, q.tags,"
+                " c.rowid, length(c.data), c.columns"
+                " FROM quilt_patches AS q JOIN contents AS c ON c.blob_id = q.blob_id"
+                f" WHERE {where} AND EXISTS (SELECT 1 FROM objects AS o"
+                "  WHERE o.blob_id = q.blob_id AND o.end_epoch > ?)",
+                (*params, epoch),
             ).fetchone()
-            live = (
-                row is not None
-                and c.execute(
-                    "SELECT 1 FROM objects WHERE blob_id = ? AND end_epoch > ? LIMIT 1",
-                    (blob_id, epoch),
-                ).fetchone()
-            )
-            content = (
-                c.execute(
-                    "SELECT rowid, length(data) FROM contents WHERE blob_id = ?", (blob_id,)
-                ).fetchone()
-                if live
-                else None
-            )
-            if row is None or content is None:
+            if row is None:
                 raise NotFound("quilt patch not found (never stored, or expired)", not_found)
-            patch = _patch_from_row(blob_id, row)
-            slot = PatchSlot(patch.identifier, patch.start_col, patch.end_col, patch.size)
-            # Read only the patch's ranges from the stored quilt, not all of it.
-            with c.blobopen("contents", "data", content[0], readonly=True) as blob:
-                data = read_patch(
-                    cast(ByteSource, blob),
-                    _geometry(content[1], slot),
-                    slot.start_col,
-                    slot.end_col,
-                )
+            patch = _patch_from_row(params[0], row[:5])
+            rowid, n_bytes, columns = row[5:]
+            # Read only the patch's bytes from the stored quilt, not all of it: one
+            # range if kept column by column, else a short range in every row.
+            with c.blobopen("contents", "data", rowid, readonly=True) as blob:
+                if columns:
+                    at = column_range(n_bytes, patch.start_col, patch.end_col).start
+                    blob.seek(at)
+                    data = blob.read(patch.size)
+                else:
+                    slot = PatchSlot(patch.identifier, patch.start_col, patch.end_col, patch.size)
+                    data = read_patch(
+                        cast(ByteSource, blob),
+                        _geometry(n_bytes, slot),
+                        slot.start_col,
+                        slot.end_col,
+                    )
         return patch, data
 
     def read_patch_entry(self, patch_id: str) -> tuple[LocalPatch, bytes]:
@@ -252,7 +262,7 @@ class QuiltStore:
         except ValueError as exc:
             raise NotFound(f"not a quilt patch id: {exc}", {"patch_id": str(patch_id)}) from None
         return self._live_patch(
-            "blob_id = ? AND start_col = ? AND end_col = ?",
+            "q.blob_id = ? AND q.start_col = ? AND q.end_col = ?",
             (ref.quilt_blob_id, ref.start_col, ref.end_col),
             {"patch_id": patch_id},
         )
@@ -266,7 +276,7 @@ class QuiltStore:
     ) -> tuple[LocalPatch, bytes]:
         """The patch called ``identifier`` in quilt ``quilt_id``, and its bytes; else NotFound."""
         return self._live_patch(
-            "blob_id = ? AND identifier = ?",
+            "q.blob_id = ? AND q.identifier = ?",
             (quilt_id, identifier),
             {"quilt_id": quilt_id, "identifier": identifier},
         )
