@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from sqlalchemy import select
 
 from tests.helpers import account, land_all
+from walkeep.backends.base import SearchHit
+from walkeep.db.models import Memory
 from walkeep.errors import NotFound, ValidationError
 from walkeep.protocol.quilt import is_patch_id
 from walkeep.service.runtime import Runtime
@@ -378,3 +383,55 @@ def test_read_many_leaves_out_what_is_gone_and_raises_what_is_down(rt: Runtime) 
     assert reader.read_many(a, ids_) == got  # now cached: the store is not asked
     with pytest.raises(RelayerUnavailable):
         _cold_reader(rt, Store()).relayer.read_many(a, ids_)
+
+
+def test_recall_reads_its_first_hits_while_it_checks_them(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The visibility check and reading the first hits' content are both disk reads at a
+    million memories, and nearly always the first hits are all shown: they overlap. The
+    check here waits until a read has begun; made one after the other, it would wait in
+    vain. A hit the check refuses (forgotten) is read but never shown."""
+    import threading
+
+    from walkeep.service.tools import recall as recall_mod
+
+    a = account(rt, credits=50)
+    facts = [f"The user's project number {i} is called Falcon-{i}." for i in range(6)]
+    for i, fact in enumerate(facts):
+        store.store(rt, a, content=fact, request_id=f"p{i}")
+    land_all(rt)
+    reader = _cold_reader(rt, rt.relayer.store)  # type: ignore[attr-defined]
+    reading = threading.Event()
+    read: list[str] = []
+    real_read_many = reader.relayer.read_many
+    real_visible = recall_mod._visible
+
+    def read_many(account_id: str, blob_ids: list[str]) -> dict[str, str]:
+        read.extend(blob_ids)
+        reading.set()
+        return real_read_many(account_id, blob_ids)
+
+    def visible(*args: Any) -> Any:
+        assert reading.wait(timeout=30), "checked before any read began"
+        return real_visible(*args)
+
+    monkeypatch.setattr(reader.relayer, "read_many", read_many)
+    monkeypatch.setattr(recall_mod, "_visible", visible)
+    query = "what is the user's project called?"
+    top = recall.recall(reader, a, query=query, limit=3).results
+    assert len(top) == 3 and {r.content for r in top} <= set(facts)
+
+    # The best hit forgotten, and the index not told yet: read ahead, refused by the check.
+    with rt.db.read() as s:
+        mine = s.scalar(select(Memory.id).where(Memory.blob_id == top[0].blob_id))
+    forget.forget(rt, a, memory_id=mine, request_id="f-best")
+    read.clear()
+    monkeypatch.setattr(
+        reader.relayer,
+        "search",
+        lambda *args: [SearchHit(blob_id=r.blob_id, score=r.score) for r in top],
+    )
+    again = recall.recall(reader, a, query=query, limit=3).results
+    assert top[0].blob_id in read  # read ahead …
+    assert [r.blob_id for r in again] == [r.blob_id for r in top[1:]]  # … and never shown

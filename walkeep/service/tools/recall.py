@@ -13,6 +13,7 @@ verbatim — it is data, never instructions (invariant 8).
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
 from sqlalchemy import func, select
@@ -92,7 +93,10 @@ def _showable(
     Hits are checked in rank order, only as many at a time as results are still
     missing (then more, if some were not showable): checking all ``3 × limit + 10``
     candidates at once read three times the memory and blob rows a recall needs, and
-    at a million memories those rows are mostly not in the page cache.
+    at a million memories those rows are mostly not in the page cache. The first
+    ``limit`` hits' contents are read while they are checked (on a helper thread):
+    nearly always they are all shown, and at a million memories both are reads from
+    disk. Content is only ever returned for a hit the check let through.
     """
     first: dict[str, SearchHit] = {}
     for h in hits:
@@ -101,8 +105,12 @@ def _showable(
     ranked = list(first)
     if not ranked:
         return []
+    ahead = [b for b in ranked[:limit] if first[b].content is None]
+    early = _READ_AHEAD.submit(rt.relayer.read_many, account_id, ahead) if ahead else None
     current = rt.chain.current_epoch()
     results: list[RecallHit] = []
+    contents: dict[str, str] = {}
+    tried: set[str] = set()
     done = 0
     while done < len(ranked) and len(results) < limit:
         missing = limit - len(results)
@@ -110,13 +118,24 @@ def _showable(
         done += len(batch)
         visible = _visible(rt, account_id, namespace, batch, current)
         shown = [b for b in batch if b in visible]
+        if early is not None:
+            # Not started yet (the helpers busy with other recalls): read below instead.
+            if not early.cancel() and any(b in visible for b in ahead):
+                try:
+                    contents.update(early.result())
+                    tried.update(ahead)
+                except Exception:
+                    log.debug("read-ahead failed; reading again", exc_info=True)
+            early = None
         while shown and len(results) < limit:
             # As many as are still missing, read together (the backend may overlap the
             # fetches: ten aggregator round trips one after another were most of a
             # cold recall on Walrus), then more only if some were unreadable.
             take, shown = shown[: limit - len(results)], shown[limit - len(results) :]
-            unread = [b for b in take if first[b].content is None]
-            contents = rt.relayer.read_many(account_id, unread) if unread else {}
+            unread = [b for b in take if first[b].content is None and b not in tried]
+            if unread:
+                contents.update(rt.relayer.read_many(account_id, unread))
+                tried.update(unread)
             for blob_id in take:
                 hit = first[blob_id]
                 content = hit.content if hit.content is not None else contents.get(blob_id)
@@ -134,6 +153,10 @@ def _showable(
                     )
                 )
     return results
+
+
+# Reads a recall's first hits while their visibility is checked (see _showable).
+_READ_AHEAD = ThreadPoolExecutor(max_workers=4, thread_name_prefix="recall-read")
 
 
 def _visible(
