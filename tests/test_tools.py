@@ -427,6 +427,7 @@ def test_recall_reads_its_first_hits_while_it_checks_them(
         mine = s.scalar(select(Memory.id).where(Memory.blob_id == top[0].blob_id))
     forget.forget(rt, a, memory_id=mine, request_id="f-best")
     read.clear()
+    reading.clear()  # the check waits for the read ahead again
     monkeypatch.setattr(
         reader.relayer,
         "search",
