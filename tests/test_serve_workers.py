@@ -209,7 +209,10 @@ def test_console_sessions_hold_across_web_processes(tmp_path: Path, fresh_db_url
         answered = _access_pids(served, "/console/account")
         assert len(answered) == 2, answered
         refused = _access_pids(served, "/console/login", status=401)
-        assert len(refused) == 2, refused  # both processes counted attempts
+        limited = _access_pids(served, "/console/login", status=429)
+        # Both processes took attempts: the one that refused none of them only limited
+        # them, from the count the other wrote (all nine 401s can land on one process).
+        assert len(set(refused) | set(limited)) == 2, (refused, limited)
         assert codes.count(401) == sum(refused.values()), codes
         assert 9 <= codes.count(401) <= 10 * windows and 429 in codes, codes
 
