@@ -12,6 +12,7 @@ from walkeep.backends.base import BlobStore, Faults, StoredQuilt
 from walkeep.backends.localnet import LocalBlobStore, LocalNetwork
 from walkeep.backends.localnet.codec import blob_id_for
 from walkeep.backends.localnet.engine import DB_FILE
+from walkeep.backends.localnet.records import KEPT_PIECES, PIECE_BYTES
 from walkeep.clock import ManualClock
 from walkeep.errors import NotFound, RelayerUnavailable, ValidationError
 from walkeep.protocol.quilt import (
@@ -216,6 +217,15 @@ def test_quilts_survive_a_restart(tmp_path: Path, clock: ManualClock) -> None:
         assert second.read_patch(stored.patches[2].patch_id) == patches(3)[2][1]
 
 
+def _pieces(db: sqlite3.Connection, blob_id: str) -> list[bytes]:
+    return [
+        r[0]
+        for r in db.execute(
+            "SELECT data FROM content_pieces WHERE blob_id = ? ORDER BY seq", (blob_id,)
+        )
+    ]
+
+
 def test_a_quilt_is_kept_column_by_column_and_read_back_whole_row_by_row(
     net: LocalNetwork,
 ) -> None:
@@ -225,13 +235,17 @@ def test_a_quilt_is_kept_column_by_column_and_read_back_whole_row_by_row(
     stored = put(net, items)
     db = sqlite3.connect(net.state_dir / DB_FILE)
     try:
-        data, columns = db.execute(
+        row, columns = db.execute(
             "SELECT data, columns FROM contents WHERE blob_id = ?", (stored.blob.blob_id,)
         ).fetchone()
+        pieces = _pieces(db, stored.blob.blob_id)
     finally:
         db.close()
+    data = b"".join(pieces)
     laid = net.read_blob(stored.blob.blob_id)
-    assert columns == 1 and data == to_columns(laid) and data != laid
+    assert columns == KEPT_PIECES and row == b""
+    assert data == to_columns(laid) and data != laid
+    assert len(pieces) > 1 and all(len(p) == PIECE_BYTES for p in pieces[:-1])
     assert blob_id_for(laid) == stored.blob.blob_id
     assert net.read_by_object(stored.blob.blob_object_id) == laid
     for (_, want), patch in zip(items, stored.patches, strict=True):
@@ -241,18 +255,47 @@ def test_a_quilt_is_kept_column_by_column_and_read_back_whole_row_by_row(
         assert net.read_patch(patch.patch_id) == want
 
 
-def test_a_network_from_before_column_storage_is_upgraded_and_still_read(
-    tmp_path: Path, clock: ManualClock
+def test_a_patch_is_read_off_its_own_pieces_alone(net: LocalNetwork) -> None:
+    """Kept in one row, a quilt's patch near its end was reached by walking the row's
+    overflow pages from the start (110 page reads from a cold disk). Here every piece
+    but the patch's own is gone, and the patch still reads back whole."""
+    items = patches(40, size=700)
+    stored = put(net, items)
+    laid = net.read_blob(stored.blob.blob_id)
+    ref = decode_patch_id(stored.patches[-2].patch_id)
+    at = column_range(len(laid), ref.start_col, ref.end_col).start
+    first, last = at // PIECE_BYTES, (at + 700 - 1) // PIECE_BYTES
+    db = sqlite3.connect(net.state_dir / DB_FILE)
+    try:
+        gone = db.execute(
+            "DELETE FROM content_pieces WHERE blob_id = ? AND seq NOT BETWEEN ? AND ?",
+            (stored.blob.blob_id, first, last),
+        ).rowcount
+        db.commit()
+    finally:
+        db.close()
+    assert first > 0 and gone > 10
+    assert net.read_patch(stored.patches[-2].patch_id) == items[-2][1]
+
+
+@pytest.mark.parametrize("kept", ["rows", "columns in the row"])
+def test_a_network_from_before_pieces_is_upgraded_and_still_read(
+    tmp_path: Path, clock: ManualClock, kept: str
 ) -> None:
-    """A network whose quilts were kept row by row (and whose contents table has no
-    ``columns``): reopened, it gains the column and reads old and new quilts alike."""
+    """Networks whose quilts were kept in one row each, row by row (their contents
+    table has no ``columns``) or column by column (``columns`` = 1, and no pieces
+    table): reopened, they read old and new quilts alike."""
     with LocalNetwork(tmp_path / "ln", clock) as first:
         old = put(first, patches(12))
     db = sqlite3.connect(tmp_path / "ln" / DB_FILE)
     try:
-        (data,) = db.execute("SELECT data FROM contents").fetchone()
-        db.execute("UPDATE contents SET data = ?", (from_columns(data),))
-        db.execute("ALTER TABLE contents DROP COLUMN columns")
+        data = b"".join(_pieces(db, old.blob.blob_id))
+        if kept == "rows":
+            db.execute("UPDATE contents SET data = ?", (from_columns(data),))
+            db.execute("ALTER TABLE contents DROP COLUMN columns")
+        else:
+            db.execute("UPDATE contents SET data = ?, columns = 1", (data,))
+        db.execute("DROP TABLE content_pieces")
         db.commit()
     finally:
         db.close()
@@ -264,3 +307,6 @@ def test_a_network_from_before_column_storage_is_upgraded_and_still_read(
                 _, got = second.read_quilt_patch_by_identifier(stored.blob.blob_id, identifier)
                 assert got == want
             assert blob_id_for(second.read_blob(stored.blob.blob_id)) == stored.blob.blob_id
+            assert second.read_by_object(stored.blob.blob_object_id) == second.read_blob(
+                stored.blob.blob_id
+            )

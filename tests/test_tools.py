@@ -220,6 +220,47 @@ def test_recall_checks_hits_in_rank_order_only_as_many_as_it_needs(
     assert asked == [blobs[1:2]]
 
 
+def test_recall_checks_visibility_off_an_index_alone(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The visibility check reads every column it needs off one index of ``memories``
+    (migration 0018): at a million memories each table row it read instead was one more
+    random read from disk, about half a cold recall's database reads."""
+    from sqlalchemy import event
+
+    from tests.conftest import ON_PG
+
+    a = account(rt, credits=10)
+    mids = [_stored(rt, a, f"note {i} about herons", f"h{i}", namespace="birds") for i in range(3)]
+    with rt.db.read() as s:
+        blobs = [s.scalar(select(Memory.blob_id).where(Memory.id == m)) for m in mids]
+    statements: list[tuple[str, Any]] = []
+
+    def seen(conn, cursor, statement, parameters, *args):  # type: ignore[no-untyped-def]
+        statements.append((statement, parameters))
+
+    event.listen(rt.db.engine, "before_cursor_execute", seen)
+    try:
+        for namespace in (None, "birds"):
+            got = recall._visible(rt, a, namespace, blobs, rt.chain.current_epoch())
+            assert set(got) == set(blobs)
+    finally:
+        event.remove(rt.db.engine, "before_cursor_execute", seen)
+    if ON_PG:  # PostgreSQL's planner reads a table this small whole; SQLite's plan is fixed
+        return
+    checks = [(st, p) for st, p in statements if "FROM memories" in st]
+    assert len(checks) == 2
+    for statement, parameters in checks:
+        with rt.db.read() as s:
+            plan = " ".join(
+                str(r[-1])
+                for r in s.connection().exec_driver_sql(
+                    "EXPLAIN QUERY PLAN " + statement, parameters
+                )
+            )
+        assert "memories USING COVERING INDEX ix_memories_visibility" in plan, plan
+
+
 def test_rate_limit_zero_turns_every_tools_limit_off(rt: Runtime) -> None:
     """WALKEEP_RATE_LIMIT_PER_MINUTE=0 is documented as "off"; recall's own default entry
     (120 a minute) still refused the 121st recall of a benchmark through the server."""

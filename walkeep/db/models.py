@@ -243,7 +243,18 @@ class Memory(Base):
         Index(None, "blob_pk", "status", "blob_id", "share_micro"),
         Index(None, "status", "accepted_at"),
         Index(None, "account_id", "content_hash"),
-        Index(None, "account_id", "blob_id"),
+        # recall's visibility check (status, scope, dates, blob) off the index alone
+        # (migration 0018): at a million memories its rows are mostly on disk.
+        Index(
+            "ix_memories_visibility",
+            "account_id",
+            "blob_id",
+            "status",
+            "namespace",
+            "blob_pk",
+            "stored_at",
+            "accepted_at",
+        ),
         # Writing one memory's quilt lands its neighbours: find them by job.
         Index(None, "job_id"),
         # check_runway's summary: the smallest memory ids of one status, and their

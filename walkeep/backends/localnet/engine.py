@@ -112,6 +112,9 @@ from walkeep.backends.localnet.codec import (
 )
 from walkeep.backends.localnet.quilts import LocalPatch, QuiltStore
 from walkeep.backends.localnet.records import (
+    KEPT_COLUMNS,
+    KEPT_PIECES,
+    KEPT_ROWS,
     NETWORK,
     OBJECT_COLS,
     SCHEMA,
@@ -122,7 +125,9 @@ from walkeep.backends.localnet.records import (
     TxRecord,
     object_from_row,
     object_params,
+    read_pieces,
     tx_from_row,
+    write_pieces,
 )
 from walkeep.clock import Clock
 from walkeep.errors import NotFound, RelayerUnavailable, ValidationError
@@ -173,10 +178,12 @@ class _Schedule:
         return cls(d["genesis_us"], d["anchor_us"], d["anchor_epoch"], d["seconds"])
 
 
-def _blob_bytes(row: tuple[bytes, int]) -> bytes:
-    """A blob's bytes from its ``contents`` row (a quilt may be kept column by column)."""
-    data, columns = row
-    return quilt.from_columns(bytes(data)) if columns else bytes(data)
+def _blob_bytes(c: sqlite3.Connection, blob_id: str, data: bytes, kept: int) -> bytes:
+    """A blob's bytes from its ``contents`` row (``data``, ``columns``): a quilt may be
+    kept column by column, in the row or in pieces (``records.KEPT_*``)."""
+    if kept == KEPT_PIECES:
+        return quilt.from_columns(read_pieces(c, blob_id))
+    return quilt.from_columns(bytes(data)) if kept == KEPT_COLUMNS else bytes(data)
 
 
 def _gas_key(sender: str) -> str:
@@ -358,8 +365,8 @@ class LocalNetwork:
             # One statement at a time: executescript() would COMMIT our transaction.
             for stmt in filter(None, (s.strip() for s in SCHEMA.split(";"))):
                 c.execute(stmt)
-            # Networks made before quilts were kept column by column (contents.columns:
-            # 1 = the data is quilt.to_columns of the blob's bytes): their rows stay as is.
+            # Networks made before quilts were kept column by column gain the column
+            # (records.KEPT_*); their rows stay as they are, and are read as they are.
             if "columns" not in {r[1] for r in c.execute("PRAGMA table_info(contents)")}:
                 c.execute("ALTER TABLE contents ADD COLUMN columns INTEGER NOT NULL DEFAULT 0")
             meta = dict(c.execute("SELECT key, value FROM meta").fetchall())
@@ -599,7 +606,7 @@ class LocalNetwork:
         """Register + certify (+ transfer) one new Blob object inside ``c``'s transaction.
 
         ``columns``: the same bytes column by column (a quilt's, ``quilt.to_columns``),
-        kept instead of ``data`` so that a patch is read in one range.
+        kept instead of ``data``, in pieces, so that a patch is read in one short range.
         """
         blob_id = blob_id_for(data)
         deletable = not permanent
@@ -652,10 +659,16 @@ class LocalNetwork:
                     "recipient": owner,
                 }
             )
-        c.execute(
+        if columns is None:
+            c.execute(
+                "INSERT OR IGNORE INTO contents (blob_id, size, data, columns) VALUES (?, ?, ?, ?)",
+                (blob_id, len(data), data, KEPT_ROWS),
+            )
+        elif c.execute(
             "INSERT OR IGNORE INTO contents (blob_id, size, data, columns) VALUES (?, ?, ?, ?)",
-            (blob_id, len(data), data if columns is None else columns, columns is not None),
-        )
+            (blob_id, len(data), b"", KEPT_PIECES),
+        ).rowcount:
+            write_pieces(c, blob_id, columns)
         record = ObjectRecord(
             object_id=object_id,
             blob_id=blob_id,
@@ -720,9 +733,9 @@ class LocalNetwork:
                 if live
                 else None
             )
-        if row is None:
-            raise NotFound("blob not found (never stored, or expired)", {"blob_id": blob_id})
-        return _blob_bytes(row)
+            if row is None:
+                raise NotFound("blob not found (never stored, or expired)", {"blob_id": blob_id})
+            return _blob_bytes(c, blob_id, *row)
 
     def read_by_object(self, object_id: str) -> bytes:
         """The bytes behind a Blob object; NotFound if unknown or lapsed."""
@@ -734,13 +747,16 @@ class LocalNetwork:
         with self._read() as c:
             epoch = self._epoch(c)
             row = c.execute(
-                "SELECT contents.data, contents.columns FROM objects JOIN contents USING (blob_id) "
-                "WHERE objects.object_id = ? AND objects.end_epoch > ?",
+                "SELECT contents.blob_id, contents.data, contents.columns"
+                " FROM objects JOIN contents USING (blob_id)"
+                " WHERE objects.object_id = ? AND objects.end_epoch > ?",
                 (oid, epoch),
             ).fetchone()
-        if row is None:
-            raise NotFound("blob object not found (unknown, or expired)", {"blob_object_id": oid})
-        return _blob_bytes(row)
+            if row is None:
+                raise NotFound(
+                    "blob object not found (unknown, or expired)", {"blob_object_id": oid}
+                )
+            return _blob_bytes(c, *row)
 
     # --- objects -------------------------------------------------------------------------
 

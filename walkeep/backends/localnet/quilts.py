@@ -8,11 +8,14 @@ expiry, ``owned_blobs`` and the explorer keep working unchanged. The engine
 holds a :class:`QuiltStore` and hands it its blob plumbing (:class:`BlobPlumbing`);
 this module never imports the engine.
 
-State: the laid-out quilt bytes live in ``contents`` like any blob's, but
-column by column (``quilt.to_columns``; ``contents.columns`` = 1), as Walrus
-storage nodes keep secondary slivers: a patch is then one contiguous range, read
-in one call where the row-by-row bytes needed one read per row (334). Whole-blob
-reads turn them back into rows. The
+State: the laid-out quilt bytes are a ``contents`` row like any blob's, but kept
+column by column (``quilt.to_columns``), as Walrus storage nodes keep secondary
+slivers: a patch is then one contiguous range, where the row-by-row bytes needed
+one read per row (334). The columns are kept in 900-byte ``content_pieces``
+(``contents.columns`` = 2; ``records.PIECE_BYTES`` says why), so reading a patch
+reads one or two pieces. Networks made earlier keep their quilts as they were
+(1: the columns in the row; 0: the rows). Whole-blob reads turn columns back
+into rows. The
 ``quilt_patches`` table (created on first use, so the engine's schema stays
 untouched) lists each quilt's patches for fast lookups by patch id or
 identifier. The bytes alone are enough to recover it (``quilt.parse_index``).
@@ -29,7 +32,12 @@ from typing import Any, Literal, Protocol, cast
 
 from walkeep.backends.base import BlobObject, QuiltPatch, StoredBlob, StoredQuilt
 from walkeep.backends.localnet.codec import blob_id_for
-from walkeep.backends.localnet.records import ObjectRecord
+from walkeep.backends.localnet.records import (
+    KEPT_COLUMNS,
+    KEPT_PIECES,
+    ObjectRecord,
+    read_pieces,
+)
 from walkeep.errors import NotFound, RelayerUnavailable, ValidationError
 from walkeep.protocol.quilt import (
     ByteSource,
@@ -228,7 +236,7 @@ class QuiltStore:
             epoch = self._net._epoch(c)
             row = c.execute(
                 "SELECT q.start_col, q.end_col, q.identifier, q.size, q.tags,"
-                " c.rowid, length(c.data), c.columns"
+                " c.rowid, c.size, c.columns, c.blob_id"
                 " FROM quilt_patches AS q JOIN contents AS c ON c.blob_id = q.blob_id"
                 f" WHERE {where} AND EXISTS (SELECT 1 FROM objects AS o"
                 "  WHERE o.blob_id = q.blob_id AND o.end_epoch > ?)",
@@ -237,11 +245,15 @@ class QuiltStore:
             if row is None:
                 raise NotFound("quilt patch not found (never stored, or expired)", not_found)
             patch = _patch_from_row(params[0], row[:5])
-            rowid, n_bytes, columns = row[5:]
+            rowid, n_bytes, kept, quilt_id = row[5:]
             # Read only the patch's bytes from the stored quilt, not all of it: one
-            # range if kept column by column, else a short range in every row.
+            # short range of pieces (records.PIECE_BYTES says why), one range of the
+            # row if kept column by column in it, else a short range in every row.
+            if kept == KEPT_PIECES:
+                at = column_range(n_bytes, patch.start_col, patch.end_col).start
+                return patch, read_pieces(c, quilt_id, at, at + patch.size)
             with c.blobopen("contents", "data", rowid, readonly=True) as blob:
-                if columns:
+                if kept == KEPT_COLUMNS:
                     at = column_range(n_bytes, patch.start_col, patch.end_col).start
                     blob.seek(at)
                     data = blob.read(patch.size)
