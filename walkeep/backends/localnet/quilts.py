@@ -35,6 +35,7 @@ from walkeep.backends.localnet.codec import blob_id_for
 from walkeep.backends.localnet.records import (
     KEPT_COLUMNS,
     KEPT_PIECES,
+    KEPT_ROWS,
     ObjectRecord,
     read_pieces,
 )
@@ -249,12 +250,12 @@ class QuiltStore:
             # Read only the patch's bytes from the stored quilt, not all of it: one
             # short range of pieces (records.PIECE_BYTES says why), one range of the
             # row if kept column by column in it, else a short range in every row.
-            if kept == KEPT_PIECES:
+            if kept != KEPT_ROWS:
                 at = column_range(n_bytes, patch.start_col, patch.end_col).start
+            if kept == KEPT_PIECES:
                 return patch, read_pieces(c, quilt_id, at, at + patch.size)
             with c.blobopen("contents", "data", rowid, readonly=True) as blob:
                 if kept == KEPT_COLUMNS:
-                    at = column_range(n_bytes, patch.start_col, patch.end_col).start
                     blob.seek(at)
                     data = blob.read(patch.size)
                 else:
