@@ -510,6 +510,12 @@ class Shard:
             out[~in_seg] = vecs[rows[~in_seg] - n] @ qvec.astype(np.float32)
         return out
 
+    def _df(self, key: int) -> int:
+        """Rows holding term ``key``, in scope or not (a lookup, no postings read)."""
+        seg = self.segment
+        d = self.d_post.get(key)
+        return (len(seg.postings(key)[0]) if seg is not None else 0) + (len(d[0]) if d else 0)
+
     def _postings(self, key: int) -> tuple[np.ndarray, np.ndarray]:
         """Every row holding term ``key`` (ascending positions, in scope or not) and its tf."""
         seg = self.segment
@@ -536,7 +542,11 @@ class Shard:
         """
         parts: list[tuple[np.ndarray, np.ndarray, float]] = []
         idfs: list[float] = []
-        for key in qterms.tolist() if qterms is not None else ():
+        keys = qterms.tolist() if qterms is not None else []
+        # A long query's most common words are dropped first (ranking.MAX_QUERY_TERMS),
+        # judged by their postings in the whole shard: known without reading them.
+        kept = rk.kept_terms(np.fromiter((self._df(k) for k in keys), np.int64, len(keys)))
+        for key in (k for k, keep in zip(keys, kept.tolist(), strict=True) if keep):
             rows, tfs = self._postings(key)
             if len(rows) and not scope.all_ok:
                 ok = scope.ok[rows]
