@@ -7,18 +7,25 @@ p50 on 2 cores: each scored every distinct word's postings and was charged one c
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
+import httpx
 import numpy as np
 import pytest
+from test_mcp_e2e import Server, call_ok, mcp_client, sc
 
 from walkeep.db import Database
+from walkeep.errors import RateLimited
 from walkeep.index import ranking as rk
 from walkeep.index import terms as termlib
 from walkeep.index.embedder import HashEmbedder
 from walkeep.index.search import SearchIndex
 from walkeep.service.operators import accounts
+from walkeep.service.runtime import Runtime
+from walkeep.service.tools import ratelimit
 
 # --- the cap on scored terms -----------------------------------------------------------
 
@@ -96,3 +103,82 @@ def test_a_short_query_is_scored_whole(db: Database, tmp_path: Path) -> None:
     # The 5 most common words: nothing is dropped below the cap.
     hits = index.search(acct, None, " ".join(WORDS[-5:]), len(WORDS))
     assert {b for b, _ in hits} == {f"b{j}" for j in range(len(WORDS))}
+
+
+# --- what a recall costs against the rate limit ----------------------------------------
+
+
+def test_a_recall_costs_one_call_per_128_bytes_of_query_up_to_eight() -> None:
+    cost = ratelimit.call_cost
+    assert cost("recall", {"query": "When did Caroline go to the support group?"}) == 1
+    assert cost("recall", {"query": "x" * 255}) == 1
+    assert cost("recall", {"query": "x" * 256}) == 2
+    assert cost("recall", {"query": "x" * 1024}) == 8
+    assert cost("recall", {"query": "x" * 4096}) == 8
+    assert cost("recall", {"query": "記憶" * 128}) == 6  # 256 characters, 768 bytes
+    assert cost("store", {"content": "x" * 4096}) == 1
+    assert cost("check_balance", None) == 1
+
+
+def test_long_recalls_empty_the_bucket_faster(rt: Runtime) -> None:
+    """recall: 120 a minute, a bucket of 60. Seven 4,096-character recalls take 56 of it;
+    the eighth waits for the 4 it lacks (2 s); a short one still fits."""
+    acct = accounts.create_account(rt.db, "heavy").account_id
+    long = {"query": "x" * 4096}
+    for _ in range(7):
+        ratelimit.charge_call(rt, acct, "recall", long)
+    with pytest.raises(RateLimited) as refused:
+        ratelimit.charge_call(rt, acct, "recall", long)
+    assert refused.value.data["call_cost"] == 8
+    assert refused.value.data["retry_after_seconds"] == 2
+    for _ in range(4):
+        ratelimit.charge_call(rt, acct, "recall", {"query": "herons"})
+    with pytest.raises(RateLimited):
+        ratelimit.charge_call(rt, acct, "recall", {"query": "herons"})
+
+
+def test_a_cost_above_the_bucket_takes_a_full_bucket(rt: Runtime) -> None:
+    """With recall at 5 a minute the bucket holds 5: a long recall must still be possible."""
+    rt.settings.rate_limits = {"recall": 5}
+    acct = accounts.create_account(rt.db, "slow").account_id
+    ratelimit.charge_call(rt, acct, "recall", {"query": "x" * 4096})
+    with pytest.raises(RateLimited) as refused:
+        ratelimit.charge_call(rt, acct, "recall", {"query": "x"})
+    assert refused.value.data["call_cost"] == 1
+
+
+@pytest.fixture
+def live(settings, clock, db) -> Iterator[Server]:  # type: ignore[no-untyped-def]
+    with Server(settings, clock, db) as srv:
+        yield srv
+
+
+def test_a_long_recall_counts_as_several_calls_on_rest_and_mcp(live: Server) -> None:
+    live.rt.settings.rate_limits = {"recall": 16}  # a bucket of 16: two long recalls
+    long = "lantern " * 512
+    a = accounts.create_account(live.rt.db, "rest", credits_mc=10_000).api_key
+    with httpx.Client(base_url=live.url, timeout=30) as h:
+        auth = {"Authorization": f"Bearer {a}"}
+        codes = [
+            h.post("/v1/recall", json={"query": long}, headers=auth).status_code for _ in range(2)
+        ]
+        assert codes == [200, 200]
+        limited = h.post("/v1/recall", json={"query": long}, headers=auth)
+        assert limited.status_code == 429
+        assert limited.json()["data"]["call_cost"] == 8
+        assert limited.json()["data"]["retry_after_seconds"] == 30
+        live.rt.clock.advance(seconds=4)  # type: ignore[attr-defined]
+        assert h.post("/v1/recall", json={"query": "lantern"}, headers=auth).status_code == 200
+
+    b = accounts.create_account(live.rt.db, "mcp", credits_mc=10_000).api_key
+
+    async def go() -> None:
+        async with mcp_client(live, b) as c:
+            await call_ok(c, "recall", {"query": long})
+            await call_ok(c, "recall", {"query": long})
+            r = await c.call_tool("recall", {"query": long})
+            body = sc(r)
+            assert r.is_error and body["code"] == "RATE_LIMITED"
+            assert body["data"]["call_cost"] == 8
+
+    anyio.run(go)
