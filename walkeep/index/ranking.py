@@ -31,8 +31,8 @@ B = 0.75
 DENSE_WEIGHT = 0.5
 # At most this many distinct query terms are scored; past it the most common (most
 # postings in the account's index, lowest idf) are dropped first. Scoring a term costs
-# its postings: a 4,096-character query has ~170 distinct terms, mostly common ones,
-# and at 100,000 memories BM25 took ~15 ms of its recall instead of ~1. LoCoMo's 1,536
+# its postings: a 4,096-character query has ~170 distinct terms, and at 100,000
+# memories its BM25 took 12.3 ms (5.6 capped; a question's 1.2). LoCoMo's 1,536
 # questions (bench/recall_quality.py) have 5 distinct terms at the median, 10 at p99
 # and 15 at most: 64 leaves every one of them whole, with four times the longest's room.
 MAX_QUERY_TERMS = 64
