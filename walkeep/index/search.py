@@ -58,6 +58,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from walkeep import metrics
 from walkeep.db import Database
 from walkeep.db.models import Embedding, Memory
+from walkeep.errors import WalkeepError
 from walkeep.index import ranking as rk
 from walkeep.index import segment as seglib
 from walkeep.index import terms as termlib
@@ -65,6 +66,7 @@ from walkeep.index.embedder import Embedder
 from walkeep.index.rows import IndexRows, RowBatch
 from walkeep.index.shard import Shard
 from walkeep.lifecycle import VISIBLE
+from walkeep.nowait import WouldWait
 
 log = logging.getLogger(__name__)
 
@@ -163,8 +165,8 @@ class SearchIndex:
             return self._search(account_id, namespace, qvec, qterms, limit, tried)
         except _EmbeddingFailed as exc:
             raise exc.cause from None  # the model's failure, not the index's
-        except SQLAlchemyError:
-            raise
+        except (SQLAlchemyError, WalkeepError, WouldWait, MemoryError):
+            raise  # the database, the caller or the machine: a rebuild would not help
         except Exception as exc:
             # Anything else raised by a shard means its arrays (or a bug) broke the search:
             # answer from one rebuilt from the rows. A second failure is not damage.
