@@ -24,6 +24,7 @@ import pytest
 from tests.helpers import account, land_all
 from walkeep import metrics
 from walkeep.clock import ManualClock
+from walkeep.index import integrity
 from walkeep.index import segment as seglib
 from walkeep.index.search import SearchIndex
 from walkeep.service.runtime import Runtime
@@ -230,13 +231,13 @@ def test_damage_under_a_running_process_is_found_and_the_segment_rebuilt(
 @pytest.fixture
 def hashed(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     names: list[str] = []
-    real = seglib.file_checksum
+    real = integrity.file_checksum
 
     def counting(path: Path) -> str:
         names.append(path.name)
         return real(path)
 
-    monkeypatch.setattr(seglib, "file_checksum", counting)
+    monkeypatch.setattr(integrity, "file_checksum", counting)
     yield names
 
 
@@ -249,7 +250,7 @@ def test_the_large_files_are_trusted_by_their_stamp_and_checked_again_when_writt
     assert dep.path is not None
     dep.index.clear_cache()
     assert dep.answers() == dep.expected
-    assert hashed and not set(hashed) & set(seglib.LARGE_FILES)  # the small files only
+    assert hashed and not set(hashed) & set(integrity.LARGE_FILES)  # the small files only
     hashed.clear()
     vec = dep.path / "vec_i8.npy"
     _overwrite(vec, vec.read_bytes())  # the same bytes: a write all the same
@@ -276,29 +277,14 @@ def test_a_stamp_never_vouches_for_a_file_written_in_its_own_clock_tick(tmp_path
     the stamp only vouches for files last written a second or more before it."""
     file = tmp_path / "vec_i8.npy"
     file.write_bytes(b"x" * 100)
-    meta = seglib.Meta(
-        format=seglib.FORMAT,
-        account_id="a",
-        model="m",
-        dim=1,
-        analyzer=1,
-        generation=0,
-        rows=0,
-        high_water=0,
-        ids_crc=0,
-        dead_as_of=0.0,
-        namespaces=[],
-        ann=False,
-        sizes={file.name: 100},
-        checksums={file.name: seglib.file_checksum(file)},
-    )
-    ident = seglib._identity(file)
-    seglib._stamp(tmp_path, meta, {file.name: ident}, ident[2] + 10**6)
-    assert seglib._stamped(tmp_path, meta, [file.name]) == set()
-    seglib._stamp(tmp_path, meta, {file.name: ident}, ident[2] + 2 * 10**9)
-    assert seglib._stamped(tmp_path, meta, [file.name]) == {file.name}
+    sums = {file.name: integrity.file_checksum(file)}
+    ident = integrity.identity(file)
+    integrity.stamp(tmp_path, sums, {file.name: ident}, ident[2] + 10**6)
+    assert integrity.vouched(tmp_path, sums, [file.name]) == set()
+    integrity.stamp(tmp_path, sums, {file.name: ident}, ident[2] + 2 * 10**9)
+    assert integrity.vouched(tmp_path, sums, [file.name]) == {file.name}
     file.write_bytes(b"y" * 100)
-    assert seglib._stamped(tmp_path, meta, [file.name]) == set()
+    assert integrity.vouched(tmp_path, sums, [file.name]) == set()
 
 
 def test_large_files_unvouched_are_checked_in_the_background_without_the_graph(
@@ -310,7 +296,7 @@ def test_large_files_unvouched_are_checked_in_the_background_without_the_graph(
     assert dep.path is not None
     dep.index.verify_inline_bytes = 0
     dep.index.background = True
-    (dep.path / seglib.STAMP).unlink()
+    (dep.path / integrity.STAMP).unlink()
     started = threading.Event()
     go_on = threading.Event()
     real_verify = seglib.Segment.verify_pending
@@ -327,11 +313,13 @@ def test_large_files_unvouched_are_checked_in_the_background_without_the_graph(
         assert started.wait(30)
         shard = dep.index.shard(dep.acct)
         assert shard.segment is not None and shard.segment.ann is None
-        assert shard.segment.pending == tuple(seglib.LARGE_FILES)
+        assert shard.segment.pending == tuple(integrity.LARGE_FILES)
         go_on.set()
         _join("index-verify-")
         assert shard.segment.ann is not None and shard.segment.pending == ()
-        assert json.loads((dep.path / seglib.STAMP).read_text()).keys() == set(seglib.LARGE_FILES)
+        assert json.loads((dep.path / integrity.STAMP).read_text()).keys() == set(
+            integrity.LARGE_FILES
+        )
         # Damage found the same way: the next query rebuilds the segment.
         go_on.clear()
         started.clear()
@@ -384,7 +372,7 @@ def test_a_segment_from_before_checksums_is_served_and_rewritten_with_them(
     meta["format"] = 1
     del meta["checksums"]
     (dep.path / "meta.json").write_text(json.dumps(meta))
-    (dep.path / seglib.STAMP).unlink()
+    (dep.path / integrity.STAMP).unlink()
     loads: list[dict[str, Any]] = []
     real = dep.index.rows.load
     monkeypatch.setattr(dep.index.rows, "load", lambda *a, **k: loads.append(k) or real(*a, **k))

@@ -35,6 +35,10 @@ full scan when a segment is written; the recall service still checks each hit.
 
 The cache of shards is bounded in bytes across accounts (``cache_bytes``, counting
 each segment's files as if resident) and evicts the least recently used.
+
+Why one file: one account's shard lifecycle — open, check, build, merge, replace,
+evict — under one per-account lock and one cache; each step decides which of the
+others comes next.
 """
 
 from __future__ import annotations

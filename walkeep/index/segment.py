@@ -21,36 +21,13 @@ files (sizes, model, dimension, row count, an xxh3-128 checksum of each file):
 anything that does not match is treated as missing, and the caller rebuilds from
 the database.
 
-**What is checked when, and what it costs.** Damage of the same size (postings or
-blob codes out of range, flipped dead flags, shuffled arrays, a flipped byte) used to
-be served: every recall raised, or answered nothing or a wrong ranking. Now:
+Every file has an xxh3-128 checksum in ``meta.json``; what is checked when, and
+what it costs, is ``walkeep/index/integrity.py``'s. A format-1 segment (before
+checksums) is opened under the range checks alone and rewritten with checksums by
+a background merge.
 
-* every file but the two large ones is hashed at every open and its arrays'
-  codes are range-checked (postings' rows and blob, namespace and order codes
-  within their arrays, term offsets and row ids in order): ~25 MB at 100,000 rows
-  in 1.3–2.5 ms from the page cache, so ~250 MB and ~15–25 ms at a million, on a
-  first recall of ~250 ms. xxh3 reads 6–19 GB/s here; BLAKE2b or SHA-256 (~1 GB/s
-  at best) would cost a first recall's worth again;
-* the vectors and the graph (~1 GB of a million-row segment's 1.3) are hashed
-  when written, and the host then trusts them by their identity (size, inode,
-  mtime, ctime — any write changes mtime, which ``save`` set in the past, and
-  ctime) as recorded in ``verified.json`` beside them. Files it does not vouch
-  for (copied from elsewhere, restored, written to in place) are hashed again:
-  at open if they are small (``VERIFY_INLINE_BYTES``), else on a background
-  thread while queries use exact search and no graph — an unverified graph file
-  is never handed to usearch, whose native code trusts its links. The vectors
-  are in use meanwhile; a bad one can misrank until the check ends (104 MB in
-  17 ms from the page cache at 100,000 rows; ~1 s from a cold disk at a million)
-  and the segment is rebuilt. Hashing them at every open instead would add
-  ~0.2 s to a first recall at a million memories from the page cache, ~1 s cold.
-
-What this does not catch: bit rot under a valid stamp in the vectors or the
-graph (the file's identity unchanged). The index's caller guards the rest: a
-search that raises rebuilds the segment, and an empty answer the database
-contradicts is re-checked (``walkeep/index/search.py``).
-
-A format-1 segment (before checksums) is opened under the range checks alone
-and rewritten with checksums by a background merge.
+Why one file: one on-disk format — how its arrays are built, extended, written and
+opened are its four sides, and a change to the format touches all four together.
 """
 
 from __future__ import annotations
@@ -69,7 +46,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import xxhash
+
+from walkeep.index import integrity
+from walkeep.index.integrity import LARGE_FILES, VERIFY_INLINE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -77,16 +56,6 @@ FORMAT = 2  # 2: a checksum per file in meta.json
 # Formats still opened (under the range checks alone) and rewritten by a merge: an
 # upgrade must not rebuild every account's index from the database at once.
 LEGACY_FORMATS = frozenset({1})
-# The vectors and the graph: hashed when written, then trusted by identity (above).
-LARGE_FILES = ("vec_i8.npy", "ann.usearch")
-# Unvouched large files up to this size are hashed at open (~12 ms from the page
-# cache); larger ones on a background thread, the graph held back until they pass.
-VERIFY_INLINE_BYTES = 128 * 2**20
-STAMP = "verified.json"
-# A stamp vouches for a file only if the file's mtime is older than the stamp by at
-# least this: a write in the clock tick the stamp was taken in could leave it unchanged.
-_RACY_NS = 1_000_000_000
-_HASH_CHUNK = 2**20
 # Below this many rows exact search over int8 vectors is as fast as the graph
 # (measured: 50,000 rows in 1.8 ms with usearch's exact kernel) and exact.
 ANN_MIN_ROWS = 50_000
@@ -205,7 +174,7 @@ class Segment:
         for name, ident in self.identity.items():
             assert self.path is not None
             try:
-                if _identity(self.path / name) != ident:
+                if integrity.identity(self.path / name) != ident:
                     return True
             except OSError:
                 return True
@@ -514,12 +483,12 @@ def save(seg: Segment, root: Path) -> Path:
     for file in large:
         os.utime(tmp / file, ns=(past, past))
     seg.meta.sizes = sizes
-    seg.meta.checksums = {file: file_checksum(tmp / file) for file in sizes}
+    seg.meta.checksums = {file: integrity.file_checksum(tmp / file) for file in sizes}
     (tmp / "meta.json").write_text(json.dumps(asdict(seg.meta)))
     for path in tmp.iterdir():
         _fsync(path)
-    if large:
-        _stamp(tmp, seg.meta, {file: _identity(tmp / file) for file in large}, time.time_ns())
+    identities = {file: integrity.identity(tmp / file) for file in large}
+    integrity.stamp(tmp, seg.meta.checksums, identities, time.time_ns())
     final = root / name
     tmp.rename(final)
     pointer = root / f".CURRENT.{os.getpid()}.{os.urandom(3).hex()}"
@@ -575,15 +544,13 @@ def open_segment(
     identity: dict[str, list[int]] = {}
     for name, size in {**meta.sizes, "meta.json": -1}.items():
         try:
-            identity[name] = _identity(path / name)
+            identity[name] = integrity.identity(path / name)
         except OSError as exc:
             raise SegmentInvalid(f"{name} missing") from exc
         if size >= 0 and identity[name][0] != size:
             raise SegmentInvalid(f"{name} is {identity[name][0]} bytes, expected {size}")
     if not legacy:
-        for name in meta.sizes:
-            if name not in LARGE_FILES and file_checksum(path / name) != meta.checksums[name]:
-                raise SegmentInvalid(f"{name} does not match its checksum")
+        _verify(path, meta, [n for n in meta.sizes if n not in LARGE_FILES])
     arrays: dict[str, np.ndarray] = {}
     try:
         for name in _ARRAYS:
@@ -595,13 +562,17 @@ def open_segment(
             )
     except (OSError, ValueError) as exc:
         raise SegmentInvalid(f"unreadable arrays: {exc}") from exc
-    _check_arrays(arrays, meta)
+    problems = integrity.array_problems(
+        arrays, rows=meta.rows, dim=meta.dim, namespaces=len(meta.namespaces)
+    )
+    if problems:
+        raise SegmentInvalid(f"arrays out of shape, range or order: {', '.join(problems)}")
     if legacy and zlib.crc32(np.ascontiguousarray(arrays["row_ids"]).tobytes()) != meta.ids_crc:
         raise SegmentInvalid("row ids do not match their checksum")
     pending: list[str] = []
     if not legacy:
         large = [n for n in LARGE_FILES if n in meta.sizes]
-        vouched = _stamped(path, meta, large)
+        vouched = integrity.vouched(path, meta.checksums, large)
         pending = [n for n in large if n not in vouched]
         if pending and sum(meta.sizes[n] for n in pending) <= verify_inline_bytes:
             _verify(path, meta, pending)
@@ -623,139 +594,10 @@ def _open_graph(path: Path, rows: int, dim: int) -> object:
     return ann
 
 
-def _check_arrays(arrays: dict[str, np.ndarray], meta: Meta) -> None:
-    """Shapes, and every code that indexes another array within it (one pass each:
-    ~15 ms at a million rows). A checksum proves a file is what was written; these
-    prove what was written can be searched without raising or reading another row."""
-    n = meta.rows
-    blobs = len(arrays["blob_ids"])
-    terms = len(arrays["term_keys"])
-    postings = len(arrays["post_row"])
-    shapes_ok = (
-        arrays["row_ids"].shape == (n,)
-        and arrays["row_blob"].shape == (n,)
-        and arrays["row_ns"].shape == (n,)
-        and arrays["row_len"].shape == (n,)
-        and arrays["vec_i8"].shape == (n, meta.dim)
-        and arrays["term_off"].shape == (terms + 1,)
-        and arrays["post_row"].shape == arrays["post_tf"].shape
-        and arrays["dead"].shape == (blobs,)
-        and arrays["blob_keys"].shape == (blobs,)
-        and arrays["blob_sorted"].shape == (blobs,)
-    )
-    if not shapes_ok:
-        raise SegmentInvalid("array shapes disagree with meta.json")
-    off = arrays["term_off"]
-    problems = [
-        what
-        for what, ok in (
-            ("row blob codes", _within(arrays["row_blob"], blobs)),
-            ("row namespace codes", _within(arrays["row_ns"], len(meta.namespaces))),
-            ("postings' rows", _within(arrays["post_row"], n)),
-            ("blob order", _within(arrays["blob_sorted"], blobs)),
-            ("term offsets", int(off[0]) == 0 and int(off[-1]) == postings and _ascending(off)),
-            ("term keys", _ascending(arrays["term_keys"], strict=True)),
-            ("row ids", _ascending(arrays["row_ids"], strict=True)),
-        )
-        if not ok
-    ]
-    if problems:
-        raise SegmentInvalid(f"out of range or out of order: {', '.join(problems)}")
-
-
-def _within(codes: np.ndarray, bound: int) -> bool:
-    return len(codes) == 0 or (int(codes.min()) >= 0 and int(codes.max()) < bound)
-
-
-def _ascending(a: np.ndarray, *, strict: bool = False) -> bool:
-    a = np.asarray(a)
-    if len(a) < 2:
-        return True
-    return bool(np.all(a[1:] > a[:-1]) if strict else np.all(a[1:] >= a[:-1]))
-
-
-def file_checksum(path: Path) -> str:
-    """xxh3-128 of a file, through a mapping of its own that is closed after: no copy
-    (read() into a buffer halved the speed: ~25 MB in 2.2 ms against 1.2), and the
-    process is no more resident after than before (the page cache keeps the pages).
-    Fed a mebibyte at a time, so a thread hashing a gigabyte lets others run between."""
-    h = xxhash.xxh3_128()
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0:
-            return h.hexdigest()
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            with contextlib.suppress(OSError, ValueError):
-                mm.madvise(mmap.MADV_SEQUENTIAL)
-            view = memoryview(mm)
-            try:
-                for at in range(0, size, _HASH_CHUNK):
-                    h.update(view[at : at + _HASH_CHUNK])
-            finally:
-                view.release()
-    return h.hexdigest()
-
-
-def _identity(path: Path) -> list[int]:
-    st = path.stat()
-    return [st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
-
-
 def _verify(path: Path, meta: Meta, names: Iterable[str]) -> None:
-    """Hash ``names`` against meta's checksums (raise SegmentInvalid), then stamp them
-    if no write can have slipped by: unchanged while hashed, last written > 1 s before."""
-    names = list(names)
-    started = time.time_ns()
-    try:
-        before = {n: _identity(path / n) for n in names}
-        for name in names:
-            if file_checksum(path / name) != meta.checksums.get(name):
-                raise SegmentInvalid(f"{name} does not match its checksum")
-        after = {n: _identity(path / n) for n in names}
-    except OSError as exc:
-        raise SegmentInvalid(f"unreadable: {exc}") from exc
-    if after == before:
-        _stamp(path, meta, before, started)
-
-
-def _stamped(path: Path, meta: Meta, names: Iterable[str]) -> set[str]:
-    """Of ``names``, the files this host's stamp vouches for (see the module doc)."""
-    try:
-        files = dict(json.loads((path / STAMP).read_text()))
-    except (OSError, ValueError, TypeError):
-        return set()
-    vouched: set[str] = set()
-    for name in names:
-        entry: Any = files.get(name)
-        try:
-            ident, at = list(entry["identity"]), int(entry["at"])
-            same = entry["checksum"] == meta.checksums.get(name) and ident == _identity(path / name)
-        except (OSError, KeyError, TypeError, ValueError):
-            continue
-        if same and ident[2] <= at - _RACY_NS:
-            vouched.add(name)
-    return vouched
-
-
-def _stamp(path: Path, meta: Meta, identities: dict[str, list[int]], at: int) -> None:
-    """Record that files of these identities were verified as of ``at`` (ns), beside the
-    entries of other files the stamp still vouches for. Best effort: a read-only
-    directory only means the files are hashed again at the next open."""
-    files: dict[str, object] = {
-        name: {"checksum": meta.checksums[name], "identity": ident, "at": at}
-        for name, ident in identities.items()
-        if ident[2] <= at - _RACY_NS  # else a write in the same tick could go unseen
-    }
-    if not files:
-        return
-    with contextlib.suppress(OSError, ValueError, TypeError):
-        old = dict(json.loads((path / STAMP).read_text()))
-        for name in _stamped(path, meta, [n for n in old if n not in files]):
-            files[name] = old[name]
-    tmp = path / f".{STAMP}.{os.getpid()}.{os.urandom(3).hex()}"
-    with contextlib.suppress(OSError):
-        tmp.write_text(json.dumps(files))
-        tmp.replace(path / STAMP)
+    wrong = integrity.verify(path, meta.checksums, names)
+    if wrong is not None:
+        raise SegmentInvalid(wrong)
 
 
 def _drop_old(root: Path, keep: str) -> None:
@@ -779,14 +621,11 @@ def _fsync(path: Path) -> None:
 __all__ = [
     "ANN_MIN_ROWS",
     "FORMAT",
-    "LARGE_FILES",
-    "VERIFY_INLINE_BYTES",
     "Meta",
     "Segment",
     "SegmentInvalid",
     "build",
     "current",
-    "file_checksum",
     "open_segment",
     "quantise",
     "save",

@@ -11,6 +11,9 @@ every hit against the memories table, so a blob that died a moment ago is never
 shown even before the shard learns of it.
 
 Row positions: ``0 … n_seg − 1`` are the segment's rows, then the delta's.
+
+Why one file: one data structure — the delta, the dead mask, the scope cache and
+BM25's accumulator are read and invalidated by each search path together.
 """
 
 from __future__ import annotations
