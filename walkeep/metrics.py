@@ -91,6 +91,15 @@ QUILTS_WRITTEN = Counter(
     ["unit"],
     registry=REGISTRY,
 )
+INDEX_REBUILDS = Counter(
+    "walkeep_index_segment_rebuilds_total",
+    "Search index segments rebuilt from the database, by why: damaged (a file failed its "
+    "checksum or range checks), search_failed (a search raised), contradicted (it answered "
+    "nothing where the database has visible memories), stale (another model, analyzer, "
+    "format or index generation).",
+    ["reason"],
+    registry=REGISTRY,
+)
 
 STATEMENTS_TOGETHER = Counter(
     "walkeep_db_statements_together_total",

@@ -74,7 +74,7 @@ async def call(rt: Runtime, who: Caller, tool: str, fn: Callable[..., Any], **kw
     """Admit the call through the per-key rate limit, then run the service function."""
 
     def admitted() -> Any:
-        charge_call(rt, who.account_id, tool)
+        charge_call(rt, who.account_id, tool, kwargs)
         return fn(rt, who.account_id, **kwargs)
 
     return await run_in_threadpool(admitted)

@@ -29,6 +29,13 @@ K1 = 1.2
 B = 0.75
 # Tuned on the dev half of bench/recall_quality.py (README, "Recall quality").
 DENSE_WEIGHT = 0.5
+# At most this many distinct query terms are scored; past it the most common (most
+# postings in the account's index, lowest idf) are dropped first. Scoring a term costs
+# its postings: a 4,096-character query has ~170 distinct terms, and at 100,000
+# memories its BM25 took 12.3 ms (5.6 capped; a question's 1.2). LoCoMo's 1,536
+# questions (bench/recall_quality.py) have 5 distinct terms at the median, 10 at p99
+# and 15 at most: 64 leaves every one of them whole, with four times the longest's room.
+MAX_QUERY_TERMS = 64
 
 
 def idf(df: np.ndarray | int, n: int) -> np.ndarray:
@@ -56,6 +63,22 @@ def tf_weight(
     return t
 
 
+def kept_terms(df: np.ndarray, cap: int = MAX_QUERY_TERMS) -> np.ndarray:
+    """Which query terms to score (a mask), given each one's document frequency.
+
+    All of them if at most ``cap`` occur anywhere; else the ``cap`` rarest that occur
+    (ties: the earlier) and those that occur nowhere — they cost nothing to score and
+    still count in the ideal (matching one word of three is a third of the query).
+    """
+    df = np.asarray(df, dtype=np.int64)
+    keep = np.ones(len(df), dtype=bool)
+    found = np.flatnonzero(df > 0)
+    if len(found) > cap:
+        by_commonness = found[np.argsort(df[found], kind="stable")]
+        keep[by_commonness[cap:]] = False
+    return keep
+
+
 def ideal(idfs: np.ndarray) -> float:
     """BM25 of an average-length document holding each query term once (tf weight 1)."""
     return float(np.sum(idfs))
@@ -72,4 +95,16 @@ def fuse(cos: np.ndarray, lexical: np.ndarray, ranking: Ranking) -> np.ndarray:
     return DENSE_WEIGHT * dense + (1.0 - DENSE_WEIGHT) * lex
 
 
-__all__ = ["DENSE_WEIGHT", "K1", "RANKINGS", "B", "Ranking", "fuse", "ideal", "idf", "tf_weight"]
+__all__ = [
+    "DENSE_WEIGHT",
+    "K1",
+    "MAX_QUERY_TERMS",
+    "RANKINGS",
+    "B",
+    "Ranking",
+    "fuse",
+    "ideal",
+    "idf",
+    "kept_terms",
+    "tf_weight",
+]

@@ -16,9 +16,18 @@ generation (under a per-directory file lock, so one process per host does it)
 and every process switches to it on its next query.
 
 Trust nothing on disk blindly: a segment from another model, analyzer or index
-generation, or whose files disagree with their description, is rebuilt from the
-rows; on PostgreSQL, where a transaction can commit a lower row id after a higher
-one, the rows just below each mark are recounted every ``recount_seconds``.
+generation, or whose files disagree with their description (sizes, checksums,
+codes out of range: ``walkeep/index/segment.py`` says what is checked when), is
+rebuilt from the rows; so is one whose files change on disk while a process has
+it open (a stat of each, at most every ``refresh_seconds``), whose large files
+fail their check on the background thread that runs it, or whose search raises.
+An empty answer is never taken from a shard the database contradicts: if the
+database has a visible memory in scope with index rows the shard holds, the
+shard re-reads late rows and which blobs are dead, then, if it still sees
+nothing, is rebuilt. Each rebuild logs a warning and counts in
+``walkeep_index_segment_rebuilds_total``. On PostgreSQL, where a transaction can
+commit a lower row id after a higher one, the rows just below each mark are
+recounted every ``recount_seconds``.
 
 Dead blobs (no visible memory left: forgotten, lapsed, compacted away) are learnt
 from ``memories.status_changed_at`` at most every ``refresh_seconds``, and from a
@@ -26,6 +35,10 @@ full scan when a segment is written; the recall service still checks each hit.
 
 The cache of shards is bounded in bytes across accounts (``cache_bytes``, counting
 each segment's files as if resident) and evicts the least recently used.
+
+Why one file: one account's shard lifecycle — open, check, build, merge, replace,
+evict — under one per-account lock and one cache; each step decides which of the
+others comes next.
 """
 
 from __future__ import annotations
@@ -43,10 +56,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
-from sqlalchemy import select
+from sqlalchemy import exists, select
+from sqlalchemy.exc import SQLAlchemyError
 
+from walkeep import metrics
 from walkeep.db import Database
-from walkeep.db.models import Memory
+from walkeep.db.models import Embedding, Memory
+from walkeep.errors import WalkeepError
 from walkeep.index import ranking as rk
 from walkeep.index import segment as seglib
 from walkeep.index import terms as termlib
@@ -54,6 +70,7 @@ from walkeep.index.embedder import Embedder
 from walkeep.index.rows import IndexRows, RowBatch
 from walkeep.index.shard import Shard
 from walkeep.lifecycle import VISIBLE
+from walkeep.nowait import WouldWait
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +100,7 @@ class SearchIndex:
         ann_min_rows: int = seglib.ANN_MIN_ROWS,
         recount_seconds: float = RECOUNT_SECONDS,
         refresh_seconds: float = REFRESH_SECONDS,
+        verify_inline_bytes: int = seglib.VERIFY_INLINE_BYTES,
         background: bool = True,
     ) -> None:
         self._db = db
@@ -95,6 +113,7 @@ class SearchIndex:
         self.ann_min_rows = ann_min_rows
         self.recount_seconds = recount_seconds
         self.refresh_seconds = refresh_seconds
+        self.verify_inline_bytes = verify_inline_bytes
         self.background = background
         self._shards: OrderedDict[tuple[str, str], Shard] = OrderedDict()
         self._lock = threading.Lock()
@@ -145,7 +164,55 @@ class SearchIndex:
                 return []  # no data key: the account never stored anything
             qterms = termlib.hash_terms(key, termlib.terms(query))
         qvec = _embed_aside(self.embedder, query) if ranking != "lexical" else None
+        tried: list[Shard] = []
+        try:
+            return self._search(account_id, namespace, qvec, qterms, limit, tried)
+        except _EmbeddingFailed as exc:
+            raise exc.cause from None  # the model's failure, not the index's
+        except (SQLAlchemyError, WalkeepError, WouldWait, MemoryError):
+            raise  # the database, the caller or the machine: a rebuild would not help
+        except Exception as exc:
+            # Anything else raised by a shard means its arrays (or a bug) broke the search:
+            # answer from one rebuilt from the rows. A second failure is not damage.
+            self._replace(
+                account_id,
+                tried[-1] if tried else None,
+                "search_failed",
+                f"a search raised {type(exc).__name__}: {exc}",
+            )
+            return self._search(account_id, namespace, qvec, qterms, limit, [])
+
+    def _search(
+        self,
+        account_id: str,
+        namespace: str | None,
+        qvec: Callable[[], np.ndarray] | None,
+        qterms: np.ndarray | None,
+        limit: int,
+        tried: list[Shard],
+    ) -> list[tuple[str, float]]:
+        ranking = self.ranking
         shard = self.shard(account_id)
+        tried.append(shard)
+        with shard.lock:
+            hits = shard.search(qvec, qterms, namespace, limit, ranking)
+            upto = shard.max_id
+            blind = not hits and shard.live_rows(namespace) == 0
+        if not blind or not self._db_has_visible(account_id, namespace, upto):
+            return hits
+        # The shard sees no live row in scope, but the database has a visible memory
+        # there with index rows the shard holds. What may lag first: late rows, and
+        # which blobs are dead (read in full, not just what changed).
+        log.info("search index of %s saw nothing the database has: re-checking it", account_id)
+        with shard.lock:
+            self._recheck(account_id, shard)
+            hits = shard.search(qvec, qterms, namespace, limit, ranking)
+            blind = not hits and shard.live_rows(namespace) == 0
+        if not blind or shard.from_rows:
+            if blind:  # built from the rows just now: the check, not the shard, is wrong
+                log.warning("search index of %s disagrees with the database", account_id)
+            return hits
+        shard = self._replace(account_id, shard, "contradicted", "it saw no memory in scope")
         with shard.lock:
             return shard.search(qvec, qterms, namespace, limit, ranking)
 
@@ -157,7 +224,12 @@ class SearchIndex:
             shard = self._shards.get(key)
             if shard is not None:
                 self._shards.move_to_end(key)
-        if shard is None or shard.generation != generation or self._moved(account_id, shard):
+        if (
+            shard is None
+            or shard.generation != generation
+            or self._moved(account_id, shard)
+            or self._suspect(shard)
+        ):
             with self._account_lock(account_id):
                 with self._lock:
                     shard = self._shards.get(key)
@@ -165,11 +237,16 @@ class SearchIndex:
                     shard is None
                     or shard.generation != generation
                     or self._moved(account_id, shard)
+                    or shard.reopen
                 ):
                     shard = self._open_or_build(account_id, generation)
-                    with self._lock:
-                        self._shards[key] = shard
-                        self._shards.move_to_end(key)
+                elif shard.segment is not None and shard.segment.failed is not None:
+                    shard = self._build_instead(
+                        account_id, generation, "damaged", shard.segment.failed
+                    )
+                with self._lock:
+                    self._shards[key] = shard
+                    self._shards.move_to_end(key)
         with shard.lock:
             if max_id > shard.max_id:
                 shard.append(self.rows.load(account_id, above=shard.max_id, upto=max_id))
@@ -178,16 +255,17 @@ class SearchIndex:
             pending = shard.n_delta
             # Built at once without its graph (a first start, or a damaged or stale segment
             # rebuilt so the recall that found it can answer): a large account would
-            # otherwise search exactly until merge_rows more rows arrived.
-            graphless = (
-                shard.segment is not None
-                and shard.segment.ann is None
-                and shard.n_seg >= self.ann_min_rows
+            # otherwise search exactly until merge_rows more rows arrived. A segment from
+            # before checksums is rewritten with them the same way.
+            seg = shard.segment
+            rewrite = (
+                seg is not None
+                and ((not seg.meta.ann and shard.n_seg >= self.ann_min_rows) or seg.legacy)
                 and not shard.graph_requested
             )
-            if graphless:
+            if rewrite:
                 shard.graph_requested = True
-        if (pending >= self.merge_rows or graphless) and not merging:
+        if (pending >= self.merge_rows or rewrite) and not merging:
             self._merge_soon(account_id)
         self._evict(keep=key)
         return shard
@@ -202,6 +280,22 @@ class SearchIndex:
         current = seglib.current(self.directory(account_id))
         return (current.name if current else None) != shard.segment_name
 
+    def _suspect(self, shard: Shard) -> bool:
+        """Whether the shard's segment failed its background check, or its files changed
+        on disk since it was opened (a stat each, at most every ``refresh_seconds``): in
+        place, a write of the same size is seen at once through the mapping."""
+        seg = shard.segment
+        if seg is None or seg.path is None:
+            return False
+        if seg.failed is not None or shard.reopen:
+            return True
+        now = self._db.clock.time()
+        if abs(now - shard.files_checked_at) < self.refresh_seconds:
+            return False
+        shard.files_checked_at = now
+        shard.reopen = seg.changed_on_disk()
+        return shard.reopen
+
     def _open_or_build(self, account_id: str, generation: int) -> Shard:
         path = seglib.current(self.directory(account_id))
         if path is not None:
@@ -212,9 +306,13 @@ class SearchIndex:
                     model=self.model_id,
                     dim=self.embedder.dim,
                     analyzer=termlib.ANALYZER_VERSION,
+                    verify_inline_bytes=self.verify_inline_bytes,
                 )
                 if seg.meta.generation == generation:
+                    if seg.pending:
+                        self._verify_soon(account_id, seg)
                     shard = Shard(account_id, self.embedder.dim, generation, seg, path.name)
+                    shard.files_checked_at = self._db.clock.time()
                     self._check_stragglers(account_id, shard, seg)
                     return shard
                 log.info(
@@ -222,10 +320,52 @@ class SearchIndex:
                     account_id,
                     seg.meta.generation,
                 )
+                metrics.INDEX_REBUILDS.labels(reason="stale").inc()
             except seglib.SegmentInvalid as exc:
                 log.warning(
                     "search index of %s at %s is unusable (%s): rebuilding", account_id, path, exc
                 )
+                metrics.INDEX_REBUILDS.labels(reason="stale" if exc.stale else "damaged").inc()
+        return self._build(account_id, generation, with_ann=False)
+
+    def _verify_soon(self, account_id: str, seg: seglib.Segment) -> None:
+        """Check the segment's large files (too big to hash at open) on another thread;
+        until then it answers by exact search, and if they fail, the next query of the
+        account rebuilds it (``_suspect``). Inline when not in the background (tests)."""
+        if not self.background:
+            seg.verify_pending()  # SegmentInvalid: the caller rebuilds
+            return
+
+        def run() -> None:
+            try:
+                seg.verify_pending()
+            except Exception as exc:  # SegmentInvalid, or usearch refusing the graph
+                seg.failed = f"{exc}"
+
+        threading.Thread(target=run, name=f"index-verify-{account_id}", daemon=True).start()
+
+    def _replace(self, account_id: str, bad: Shard | None, reason: str, why: str) -> Shard:
+        """Put a shard built from the rows in place of ``bad`` (None: whichever is cached)."""
+        key = (account_id, self.model_id)
+        with self._account_lock(account_id):
+            with self._lock:
+                cached = self._shards.get(key)
+            if bad is not None and cached is not None and cached is not bad:
+                return cached  # another thread replaced it already
+            _, generation = self.rows.head(account_id)
+            shard = self._build_instead(account_id, generation, reason, why)
+            with self._lock:
+                self._shards[key] = shard
+                self._shards.move_to_end(key)
+        return shard
+
+    def _build_instead(self, account_id: str, generation: int, reason: str, why: str) -> Shard:
+        log.warning(
+            "search index of %s cannot be trusted (%s): rebuilding it from the database",
+            account_id,
+            why,
+        )
+        metrics.INDEX_REBUILDS.labels(reason=reason).inc()
         return self._build(account_id, generation, with_ann=False)
 
     def _build(
@@ -255,10 +395,13 @@ class SearchIndex:
             # Another thread or process is writing a generation: serve this one from
             # memory and switch to theirs when it is published.
             current = seglib.current(root)
-            return Shard(
+            shard = Shard(
                 account_id, self.embedder.dim, generation, seg, current.name if current else None
             )
-        return Shard(account_id, self.embedder.dim, generation, seg, seg.path.name)
+        else:
+            shard = Shard(account_id, self.embedder.dim, generation, seg, seg.path.name)
+        shard.from_rows = True
+        return shard
 
     def _segment_from(
         self, account_id: str, generation: int, batch: RowBatch, as_of: float, with_ann: bool
@@ -346,6 +489,18 @@ class SearchIndex:
         """
         seg = shard.segment
         assert seg is not None
+        try:
+            # Every file hashed again: copied into the next generation, a damaged array
+            # would get a fresh checksum that matches it.
+            seg.verify_all()
+        except seglib.SegmentInvalid as exc:
+            log.warning(
+                "search index of %s failed its check before a merge (%s): writing it anew",
+                account_id,
+                exc,
+            )
+            metrics.INDEX_REBUILDS.labels(reason="damaged").inc()
+            return None
         with shard.lock:
             if shard.generation != generation or any(i <= seg.meta.high_water for i in shard.d_ids):
                 return None  # rows rewritten, or late commits below the mark: start over
@@ -405,6 +560,32 @@ class SearchIndex:
             shard.append(self.rows.load(account_id, above=lo, upto=shard.max_id))
 
     # -- dead blobs -------------------------------------------------------------------
+
+    def _db_has_visible(self, account_id: str, namespace: str | None, upto: int) -> bool:
+        """Whether a visible memory in scope has index rows (in scope, up to ``upto``):
+        each such row is live and in scope, so a shard holding the rows to ``upto`` that
+        sees none is wrong. One indexed probe; asked only when a shard sees nothing."""
+        indexed = exists().where(
+            Embedding.account_id == account_id,
+            Embedding.model == self.model_id,
+            Embedding.blob_id == Memory.blob_id,
+            Embedding.id <= upto,
+        )
+        conds = [Memory.account_id == account_id, Memory.status.in_(list(VISIBLE))]
+        if namespace is not None:
+            indexed = indexed.where(Embedding.namespace == namespace)
+            conds.append(Memory.namespace == namespace)
+        q = select(Memory.id).where(*conds, indexed)
+        with self._db.read() as s:
+            return s.execute(q.limit(1)).first() is not None
+
+    def _recheck(self, account_id: str, shard: Shard) -> None:
+        """Late rows and every blob's death read again (the caller holds the shard's lock)."""
+        shard.counted_at = float("-inf")
+        self._recount(account_id, shard)
+        blob_ids = shard.all_blob_ids()
+        dead = self._dead_blobs(account_id, set(blob_ids))
+        shard.reset_dead(np.fromiter((b in dead for b in blob_ids), bool, len(blob_ids)))
 
     def _dead_blobs(self, account_id: str, indexed: set[str]) -> set[str]:
         """Indexed blobs no visible memory points at (a full scan: only when writing)."""
@@ -499,6 +680,14 @@ _EMBED_POOL = ThreadPoolExecutor(
 )
 
 
+class _EmbeddingFailed(Exception):
+    """Embedding the query failed: the model's fault, never a reason to rebuild an index."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
 def _embed_aside(embedder: Embedder, query: str) -> Callable[[], np.ndarray]:
     """The query's vector, being computed on another thread; call to wait for it.
 
@@ -508,9 +697,12 @@ def _embed_aside(embedder: Embedder, query: str) -> Callable[[], np.ndarray]:
     future = _EMBED_POOL.submit(lambda: embedder.embed([query])[0])
 
     def result() -> np.ndarray:
-        if future.cancel():
-            return embedder.embed([query])[0]
-        return future.result()
+        try:
+            if future.cancel():
+                return embedder.embed([query])[0]
+            return future.result()
+        except Exception as exc:
+            raise _EmbeddingFailed(exc) from exc
 
     return result
 

@@ -17,8 +17,17 @@ Files are written to a new directory, flushed, then published by renaming a
 new one, never half of either; readers map files with ``mmap`` (only the pages a
 query touches become resident) and a process that still maps an old generation
 keeps reading it until it notices ``CURRENT`` moved. ``meta.json`` describes the
-files (sizes, model, dimension, row count, a CRC of the row ids): anything that
-does not match is treated as missing, and the caller rebuilds from the database.
+files (sizes, model, dimension, row count, an xxh3-128 checksum of each file):
+anything that does not match is treated as missing, and the caller rebuilds from
+the database.
+
+Every file has an xxh3-128 checksum in ``meta.json``; what is checked when, and
+what it costs, is ``walkeep/index/integrity.py``'s. A format-1 segment (before
+checksums) is opened under the range checks alone and rewritten with checksums by
+a background merge.
+
+Why one file: one on-disk format — how its arrays are built, extended, written and
+opened are its four sides, and a change to the format touches all four together.
 """
 
 from __future__ import annotations
@@ -29,16 +38,24 @@ import logging
 import mmap
 import os
 import shutil
+import time
 import zlib
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from walkeep.index import integrity
+from walkeep.index.integrity import LARGE_FILES, VERIFY_INLINE_BYTES
+
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2  # 2: a checksum per file in meta.json
+# Formats still opened (under the range checks alone) and rewritten by a merge: an
+# upgrade must not rebuild every account's index from the database at once.
+LEGACY_FORMATS = frozenset({1})
 # Below this many rows exact search over int8 vectors is as fast as the graph
 # (measured: 50,000 rows in 1.8 ms with usearch's exact kernel) and exact.
 ANN_MIN_ROWS = 50_000
@@ -71,7 +88,14 @@ _ARRAYS = (
 
 
 class SegmentInvalid(Exception):
-    """A segment on disk is missing, from another model, stale or damaged."""
+    """A segment on disk is missing, from another model, stale or damaged.
+
+    ``stale``: written for another model, analyzer or format (not damage).
+    """
+
+    def __init__(self, message: str, *, stale: bool = False) -> None:
+        super().__init__(message)
+        self.stale = stale
 
 
 @dataclass
@@ -89,6 +113,7 @@ class Meta:
     namespaces: list[str]
     ann: bool
     sizes: dict[str, int]
+    checksums: dict[str, str] = field(default_factory=dict)  # file → xxh3-128 (format 2)
 
 
 def quantise(vectors: np.ndarray) -> np.ndarray:
@@ -121,6 +146,12 @@ class Segment:
     post_tf: np.ndarray  # uint16 [P]
     ann: object | None = None  # usearch.index.Index (a view of the file) or None
     path: Path | None = None
+    # Each file's (size, inode, mtime, ctime) when opened: changed_on_disk() compares.
+    identity: dict[str, list[int]] = field(default_factory=dict)
+    # Large files not verified yet (see the module doc): verify_pending() checks them.
+    pending: tuple[str, ...] = ()
+    # Why verify_pending() refused the files (set by the thread that ran it), or None.
+    failed: str | None = None
 
     @property
     def n(self) -> int:
@@ -130,6 +161,45 @@ class Segment:
     def nbytes(self) -> int:
         """What the segment can occupy if all of it becomes resident."""
         return int(sum(self.meta.sizes.values()))
+
+    @property
+    def legacy(self) -> bool:
+        """Written before checksums: opened under range checks, to be rewritten."""
+        return self.meta.format != FORMAT
+
+    def changed_on_disk(self) -> bool:
+        """Whether any of the files was written to, replaced or removed since it was
+        opened (a stat each: ~2 µs). The caller reopens, which checks them again."""
+        assert self.path is not None or not self.identity
+        for name, ident in self.identity.items():
+            assert self.path is not None
+            try:
+                if integrity.identity(self.path / name) != ident:
+                    return True
+            except OSError:
+                return True
+        return False
+
+    def verify_pending(self) -> None:
+        """Hash the large files left unverified at open, then load the graph.
+
+        Raises SegmentInvalid if one does not match its checksum. Runs on a
+        background thread; ``ann`` only ever goes from None to the graph, which a
+        search reads once, so the searches going on meanwhile need no lock.
+        """
+        assert self.path is not None
+        if self.pending:
+            _verify(self.path, self.meta, self.pending)
+        if self.meta.ann and self.ann is None:
+            self.ann = _open_graph(self.path, self.n, self.meta.dim)
+        self.pending = ()
+
+    def verify_all(self) -> None:
+        """Hash every file again (before a merge copies the arrays into the next
+        generation, where a damaged one would get a fresh, matching checksum)."""
+        if self.path is None or self.legacy:
+            return
+        _verify(self.path, self.meta, [n for n in self.meta.sizes if n != "meta.json"])
 
     def blob_code(self, blob_id: str) -> int | None:
         key = blob_id.encode("ascii", "replace")
@@ -276,7 +346,16 @@ def extend(
         ann = graph
     elif seg.meta.ann:
         ann = seg.ann
-    meta = Meta(**{**asdict(seg.meta), "generation": generation, "rows": n, "sizes": {}})
+    meta = Meta(
+        **{
+            **asdict(seg.meta),
+            "format": FORMAT,  # a legacy segment is rewritten with checksums
+            "generation": generation,
+            "rows": n,
+            "sizes": {},
+            "checksums": {},
+        }
+    )
     meta.namespaces = list(namespaces)
     meta.dead_as_of = dead_as_of
     return assemble(
@@ -389,18 +468,27 @@ def save(seg: Segment, root: Path) -> Path:
     tmp = root / f".{name}"
     tmp.mkdir()
     sizes: dict[str, int] = {}
-    for field in _ARRAYS:
-        path = tmp / f"{field}.npy"
-        np.save(path, getattr(seg, field), allow_pickle=False)
-        sizes[f"{field}.npy"] = path.stat().st_size
+    for array in _ARRAYS:
+        path = tmp / f"{array}.npy"
+        np.save(path, getattr(seg, array), allow_pickle=False)
+        sizes[path.name] = path.stat().st_size
     if seg.ann is not None:
         ann_path = tmp / "ann.usearch"
         seg.ann.save(str(ann_path))  # type: ignore[attr-defined]
         sizes["ann.usearch"] = ann_path.stat().st_size
+    # The large files' mtime goes two seconds into the past: any later write sets it to
+    # the present, so the stamp below cannot miss one made in the tick it was taken in.
+    past = (time.time_ns() // 10**9 - 2) * 10**9
+    large = [file for file in LARGE_FILES if file in sizes]
+    for file in large:
+        os.utime(tmp / file, ns=(past, past))
     seg.meta.sizes = sizes
+    seg.meta.checksums = {file: integrity.file_checksum(tmp / file) for file in sizes}
     (tmp / "meta.json").write_text(json.dumps(asdict(seg.meta)))
     for path in tmp.iterdir():
         _fsync(path)
+    identities = {file: integrity.identity(tmp / file) for file in large}
+    integrity.stamp(tmp, seg.meta.checksums, identities, time.time_ns())
     final = root / name
     tmp.rename(final)
     pointer = root / f".CURRENT.{os.getpid()}.{os.urandom(3).hex()}"
@@ -423,64 +511,93 @@ def current(root: Path) -> Path | None:
     return path if name and path.is_dir() else None
 
 
-def open_segment(path: Path, *, account_id: str, model: str, dim: int, analyzer: int) -> Segment:
-    """Map a generation's files; raises SegmentInvalid if anything does not match."""
+def open_segment(
+    path: Path,
+    *,
+    account_id: str,
+    model: str,
+    dim: int,
+    analyzer: int,
+    verify_inline_bytes: int = VERIFY_INLINE_BYTES,
+) -> Segment:
+    """Map a generation's files; raises SegmentInvalid if anything does not match.
+
+    The small files are hashed and range-checked here; the large ones are trusted by
+    the host's stamp, hashed here if small enough, or left ``pending`` (see the module
+    doc) — then the graph is not loaded until ``verify_pending`` passes.
+    """
     try:
         raw = json.loads((path / "meta.json").read_text())
         meta = Meta(**raw)
     except (OSError, ValueError, TypeError) as exc:
         raise SegmentInvalid(f"unreadable meta.json: {exc}") from exc
-    if meta.format != FORMAT:
-        raise SegmentInvalid(f"format {meta.format}, expected {FORMAT}")
+    if meta.format != FORMAT and meta.format not in LEGACY_FORMATS:
+        raise SegmentInvalid(f"format {meta.format}, expected {FORMAT}", stale=True)
     if (meta.account_id, meta.model, meta.dim, meta.analyzer) != (account_id, model, dim, analyzer):
         raise SegmentInvalid(
-            f"built for {meta.account_id}/{meta.model}/{meta.dim}/analyzer {meta.analyzer}"
+            f"built for {meta.account_id}/{meta.model}/{meta.dim}/analyzer {meta.analyzer}",
+            stale=True,
         )
-    for name, size in meta.sizes.items():
+    legacy = meta.format != FORMAT
+    if not legacy and set(meta.checksums) != set(meta.sizes):
+        raise SegmentInvalid("meta.json's checksums do not name its files")
+    identity: dict[str, list[int]] = {}
+    for name, size in {**meta.sizes, "meta.json": -1}.items():
         try:
-            actual = (path / name).stat().st_size
+            identity[name] = integrity.identity(path / name)
         except OSError as exc:
             raise SegmentInvalid(f"{name} missing") from exc
-        if actual != size:
-            raise SegmentInvalid(f"{name} is {actual} bytes, expected {size}")
+        if size >= 0 and identity[name][0] != size:
+            raise SegmentInvalid(f"{name} is {identity[name][0]} bytes, expected {size}")
+    if not legacy:
+        _verify(path, meta, [n for n in meta.sizes if n not in LARGE_FILES])
     arrays: dict[str, np.ndarray] = {}
     try:
-        for field in _ARRAYS:
-            file = path / f"{field}.npy"
-            arrays[field] = (
+        for name in _ARRAYS:
+            file = path / f"{name}.npy"
+            arrays[name] = (
                 np.load(file, allow_pickle=False)
-                if field == "dead"  # a private, writable copy
+                if name == "dead"  # a private, writable copy
                 else np.load(file, mmap_mode="r", allow_pickle=False)
             )
     except (OSError, ValueError) as exc:
         raise SegmentInvalid(f"unreadable arrays: {exc}") from exc
-    n = meta.rows
-    shapes_ok = (
-        arrays["row_ids"].shape == (n,)
-        and arrays["row_blob"].shape == (n,)
-        and arrays["row_ns"].shape == (n,)
-        and arrays["row_len"].shape == (n,)
-        and arrays["vec_i8"].shape == (n, dim)
-        and arrays["term_off"].shape == (len(arrays["term_keys"]) + 1,)
-        and arrays["post_row"].shape == arrays["post_tf"].shape
-        and arrays["dead"].shape == arrays["blob_ids"].shape
-        and arrays["blob_keys"].shape == arrays["blob_ids"].shape
+    problems = integrity.array_problems(
+        arrays, rows=meta.rows, dim=meta.dim, namespaces=len(meta.namespaces)
     )
-    if not shapes_ok:
-        raise SegmentInvalid("array shapes disagree with meta.json")
-    if zlib.crc32(np.ascontiguousarray(arrays["row_ids"]).tobytes()) != meta.ids_crc:
+    if problems:
+        raise SegmentInvalid(f"arrays out of shape, range or order: {', '.join(problems)}")
+    if legacy and zlib.crc32(np.ascontiguousarray(arrays["row_ids"]).tobytes()) != meta.ids_crc:
         raise SegmentInvalid("row ids do not match their checksum")
-    seg = Segment(meta=meta, path=path, **arrays)  # type: ignore[arg-type]
-    if meta.ann:
-        try:
-            ann = usearch_index().restore(str(path / "ann.usearch"), view=True)
-        except Exception as exc:  # usearch raises plain RuntimeError/ValueError
-            raise SegmentInvalid(f"unreadable ann.usearch: {exc}") from exc
-        if ann is None or len(ann) != n or ann.ndim != dim:
-            raise SegmentInvalid("ann.usearch does not match the rows")
-        ann.expansion_search = ANN_EXPANSION_SEARCH  # type: ignore[misc]
-        seg.ann = ann
+    pending: list[str] = []
+    if not legacy:
+        large = [n for n in LARGE_FILES if n in meta.sizes]
+        vouched = integrity.vouched(path, meta.checksums, large)
+        pending = [n for n in large if n not in vouched]
+        if pending and sum(meta.sizes[n] for n in pending) <= verify_inline_bytes:
+            _verify(path, meta, pending)
+            pending = []
+    seg = Segment(meta=meta, path=path, identity=identity, pending=tuple(pending), **arrays)  # type: ignore[arg-type]
+    if meta.ann and "ann.usearch" not in pending:
+        seg.ann = _open_graph(path, meta.rows, dim)
     return seg
+
+
+def _open_graph(path: Path, rows: int, dim: int) -> object:
+    try:
+        ann = usearch_index().restore(str(path / "ann.usearch"), view=True)
+    except Exception as exc:  # usearch raises plain RuntimeError/ValueError
+        raise SegmentInvalid(f"unreadable ann.usearch: {exc}") from exc
+    if ann is None or len(ann) != rows or ann.ndim != dim:
+        raise SegmentInvalid("ann.usearch does not match the rows")
+    ann.expansion_search = ANN_EXPANSION_SEARCH
+    return ann
+
+
+def _verify(path: Path, meta: Meta, names: Iterable[str]) -> None:
+    wrong = integrity.verify(path, meta.checksums, names)
+    if wrong is not None:
+        raise SegmentInvalid(wrong)
 
 
 def _drop_old(root: Path, keep: str) -> None:
@@ -503,6 +620,7 @@ def _fsync(path: Path) -> None:
 
 __all__ = [
     "ANN_MIN_ROWS",
+    "FORMAT",
     "Meta",
     "Segment",
     "SegmentInvalid",

@@ -11,6 +11,9 @@ every hit against the memories table, so a blob that died a moment ago is never
 shown even before the shard learns of it.
 
 Row positions: ``0 … n_seg − 1`` are the segment's rows, then the delta's.
+
+Why one file: one data structure — the delta, the dead mask, the scope cache and
+BM25's accumulator are read and invalidated by each search path together.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import numpy as np
 
 from walkeep.index import ranking as rk
 from walkeep.index.rows import RowBatch
-from walkeep.index.segment import Segment, quantise, usearch_exact_search
+from walkeep.index.segment import Segment, SegmentInvalid, quantise, usearch_exact_search
 
 # An approximate search asks the graph for this many times more rows than it
 # needs, because dead or out-of-scope rows are dropped after it answers.
@@ -105,8 +108,15 @@ class Shard:
     ns_codes: dict[str, int] = field(default_factory=dict)
     dead: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     dead_version: int = 0
-    # A merge was asked to give this shard's segment the graph it was built without.
+    # A merge was asked to give this shard's segment the graph it was built without (or
+    # the checksums a segment from before them lacks).
     graph_requested: bool = False
+    # Built from the database rows in this process (not opened from a file).
+    from_rows: bool = False
+    # When the segment's files were last compared with what was opened, and whether
+    # they changed (so the shard must be opened again): SearchIndex._suspect.
+    files_checked_at: float = float("-inf")
+    reopen: bool = False
     # Derived arrays: of the delta and scopes (dropped when rows arrive or blobs die),
     # and of the segment's rows per namespace (dropped only when blobs die: at a million
     # rows they cost milliseconds, and rows arrive far more often than memories die).
@@ -174,6 +184,20 @@ class Shard:
             self.new_codes[blob_id] = c
             self.dead = np.append(self.dead, False)
         return c
+
+    def all_blob_ids(self) -> list[str]:
+        """Every blob the shard knows, by code."""
+        seg = [bytes(b).decode("ascii") for b in self.segment.blob_ids] if self.segment else []
+        return seg + self.new_blobs
+
+    def reset_dead(self, dead: np.ndarray) -> None:
+        """Which blobs are dead, by code, all at once (a full re-read)."""
+        assert dead.shape == self.dead.shape
+        if not np.array_equal(dead, self.dead):
+            self.dead = np.array(dead, dtype=bool)
+            self.dead_version += 1
+            self._cache.clear()
+            self._seg_cache.clear()
 
     def set_dead(self, blob_id: str, dead: bool) -> None:
         c = self.code(blob_id)
@@ -332,6 +356,11 @@ class Shard:
 
     # -- searching -------------------------------------------------------------------
 
+    def live_rows(self, namespace: str | None) -> int:
+        """Rows a query in ``namespace`` may see; with none, it can only answer nothing."""
+        scope = self._scope(namespace)
+        return 0 if scope is None else scope.live_rows
+
     def search(
         self,
         qvec: np.ndarray | Callable[[], np.ndarray] | None,
@@ -448,6 +477,8 @@ class Shard:
             count = min(seg.n, math.ceil(want * _OVERSAMPLE * seg.n / in_scope) + 16)
             m = seg.ann.search(q8, count)  # type: ignore[attr-defined]
             keys = np.asarray(m.keys, dtype=np.int64)
+            if len(keys) and (int(keys.min()) < 0 or int(keys.max()) >= seg.n):
+                raise SegmentInvalid("the graph named a row the segment does not have")
             dist = np.asarray(m.distances, dtype=np.float64)
             ok = scope.ok[keys]
             if ok.sum() >= min(want, in_scope) or count >= seg.n:
@@ -482,6 +513,12 @@ class Shard:
             out[~in_seg] = vecs[rows[~in_seg] - n] @ qvec.astype(np.float32)
         return out
 
+    def _df(self, key: int) -> int:
+        """Rows holding term ``key``, in scope or not (a lookup, no postings read)."""
+        seg = self.segment
+        d = self.d_post.get(key)
+        return (len(seg.postings(key)[0]) if seg is not None else 0) + (len(d[0]) if d else 0)
+
     def _postings(self, key: int) -> tuple[np.ndarray, np.ndarray]:
         """Every row holding term ``key`` (ascending positions, in scope or not) and its tf."""
         seg = self.segment
@@ -508,7 +545,11 @@ class Shard:
         """
         parts: list[tuple[np.ndarray, np.ndarray, float]] = []
         idfs: list[float] = []
-        for key in qterms.tolist() if qterms is not None else ():
+        keys = qterms.tolist() if qterms is not None else []
+        # A long query's most common words are dropped first (ranking.MAX_QUERY_TERMS),
+        # judged by their postings in the whole shard: known without reading them.
+        kept = rk.kept_terms(np.fromiter((self._df(k) for k in keys), np.int64, len(keys)))
+        for key in (k for k, keep in zip(keys, kept.tolist(), strict=True) if keep):
             rows, tfs = self._postings(key)
             if len(rows) and not scope.all_ok:
                 ok = scope.ok[rows]

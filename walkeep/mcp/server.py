@@ -300,7 +300,7 @@ def build_mcp(
         try:
             c = caller()
             rt = get_rt()
-            charge_call(rt, c.account_id, tool)
+            charge_call(rt, c.account_id, tool, kwargs)
             call = partial(fn, rt, c.account_id, *args, **kwargs)
             if inline is not None and inline(rt):
                 give_up = time.monotonic() + INLINE_WAIT_SECONDS
