@@ -84,6 +84,7 @@ from walkeep.service.renewal_price import (
     KEPT,
     blob_renewal_cost_mc,
     quilt_shares,
+    quilt_split,
 )
 from walkeep.service.runtime import Runtime
 
@@ -148,6 +149,7 @@ class _Due:
     storage_size: int
     renew_failures: int
     kind: str
+    share_micro: int | None  # a quilt's apportioned shares (blobs.share_micro)
 
 
 # Where the due scan of a pass has got to: the (end_epoch, id) of the last
@@ -287,7 +289,7 @@ def resume_eligible(rt: Runtime) -> int:
     for account_id in accounts:
         with rt.db.begin() as s:
             current = rt.chain.current_epoch()
-            cols = (Blob.id, Blob.kind, Blob.storage_size, Blob.end_epoch)
+            cols = (Blob.id, Blob.kind, Blob.storage_size, Blob.share_micro, Blob.end_epoch)
             live = (Blob.status == BlobStatus.LIVE, Blob.end_epoch > current)
             paused = list(
                 s.execute(
@@ -365,6 +367,7 @@ def _due_query(rt: Runtime, current: int, now: datetime, after: _Cursor | None):
             b.storage_size,
             b.renew_failures,
             b.kind,
+            b.share_micro,
         )
         .where(
             b.status == BlobStatus.LIVE,
@@ -489,6 +492,14 @@ def _claim_batch(
                     "new_end_epoch": blob.end_epoch + k,
                     "cost_mc": cost,
                     "hold_ref": _hold_ref(renewal_id, blob.account_id) if blob.account_id else None,
+                    # A quilt's bill, checkable to the unit: kept + unbilled = apportioned.
+                    **dict(
+                        zip(
+                            ("share_micro", "unbilled_micro"),
+                            quilt_split(blob, shares) if blob.kind == "quilt" else (None, None),
+                            strict=True,
+                        )
+                    ),
                 }
                 for blob, k, cost in funded
             ],
