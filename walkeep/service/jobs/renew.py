@@ -78,7 +78,7 @@ from walkeep.db.models import Account, Blob, Memory, Renewal, RenewalItem, table
 from walkeep.errors import InsufficientBalance
 from walkeep.lifecycle import BlobStatus, MemoryStatus
 from walkeep.service import alerts
-from walkeep.service.pausing import resume_paused
+from walkeep.service.pausing import Reach, resume_paused
 from walkeep.service.renewal_price import (
     ACTIVE_ONLY,
     KEPT,
@@ -331,7 +331,8 @@ def resume_eligible(rt: Runtime) -> int:
                 for b in blobs.values()
             )
             if ledger.balance(s, account_id).available_mc >= max(need, 1):
-                total += resume_paused(s, account_id, current)
+                # This pass claims them next: every one still alive is reached in time.
+                total += resume_paused(s, account_id, Reach(current, current + 1))
     return total
 
 

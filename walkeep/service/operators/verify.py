@@ -110,7 +110,7 @@ def _items(rt: Runtime, renewal_id: int) -> list[_Item]:
             .where(RenewalItem.renewal_id == renewal_id)
             .order_by(RenewalItem.id)
         ).all()
-    return [_Item(*r) for r in rows]
+    return [_Item(*tuple[Any, ...](r)) for r in rows]
 
 
 def verify_digest(rt: Runtime, digest: str) -> VerifyReport:
