@@ -532,7 +532,8 @@ def verify_memory(rt: Runtime, memory_id: str) -> VerifyReport:
         "renewal count",
         len(confirmed) == performed
         and (confirmed[-1][0] if confirmed else None) == (last_tx if performed else None),
-        f"{len(confirmed)} confirmed renewals recorded for this blob"
+        f"{len(confirmed)} confirmed renewal{'' if len(confirmed) == 1 else 's'} recorded "
+        "for this blob"
         + (f", the last {confirmed[-1][0]}" if confirmed else "")
         + f"; the blob says {performed}"
         + (f", the last {last_tx}" if performed else ""),
