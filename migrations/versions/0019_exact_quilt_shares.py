@@ -83,9 +83,7 @@ def upgrade() -> None:
         total = sum(share for _, share in held)
         if total > whole:
             weights = [share for _, share in held]
-            for (patch_id, old), new in zip(
-                held, _largest_remainder(whole, weights), strict=True
-            ):
+            for (patch_id, old), new in zip(held, _largest_remainder(whole, weights), strict=True):
                 if new != old:
                     new_shares.append({"p_pk": pk, "p_patch": patch_id, "p_share": new})
             total = whole
