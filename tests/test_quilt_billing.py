@@ -356,3 +356,35 @@ def test_an_upgrade_keeps_old_renewals_and_verify_says_which_rule_billed_them(
     assert [f.name for f in failed] == ["call 0 cost"]
     assert "came after exact apportionment began" in failed[0].detail
     assert verify.verify_digest(rt, digest).ok and verify.verify_digest(rt, old_digest).ok
+
+
+def test_a_quilt_landed_from_a_write_recorded_before_the_upgrade_bills_the_whole_at_most(
+    rt: Runtime, clock: ManualClock
+) -> None:
+    """A quilt written before the upgrade but registered after it has no apportioned total
+    and its members' shares were rounded up (they sum above the quilt): its renewal bills
+    at most the whole quilt, exactly, and verifies."""
+    acct = account(rt, credits=50)
+    texts = ["a", "bb two", "ccc three three", "dddd four four four four"]
+    mids = [
+        store.store(rt, acct, content=t, request_id=f"r{i}").memory_id for i, t in enumerate(texts)
+    ]
+    land_all(rt)
+    with rt.db.begin() as s:
+        quilt = s.scalars(select(Blob)).one()
+        quilt.share_micro = None
+        sizes = [len(t.encode()) + 21 for t in texts]
+        for mid, size in zip(mids, sizes, strict=True):
+            s.execute(
+                update(Memory)
+                .where(Memory.id == mid)
+                .values(share_micro=_old_share(quilt.storage_size, sum(sizes), size))
+            )
+        assert sum(_old_share(quilt.storage_size, sum(sizes), n) for n in sizes) > 63 * M
+    clock.advance(epoch_seconds(rt) * 3)
+    report = renew.renew(rt)
+    assert report.captured_mc == 189  # the whole quilt, not 190
+    audit = verify.verify_digest(rt, report.digests[0])
+    assert audit.ok, [f.line() for f in audit.facts if not f.ok]
+    (shares,) = [f for f in audit.facts if f.name == "call 0 shares"]
+    assert "its units stand in" in shares.detail

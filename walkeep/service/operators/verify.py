@@ -413,12 +413,16 @@ def _check_quilt(rt: Runtime, report: VerifyReport, c: str, item: _Item, price: 
             .subquery()
         )
         members = int(s.scalar(select(func.coalesce(func.sum(patches.c.share), 0))) or 0)
+    # A quilt landed from a write recorded before exact apportionment has no apportioned
+    # total: its whole units stand in, and its members' shares are the older, rounded-up
+    # ones (the renewal billed at most the whole quilt; the bill is still exact).
+    older = item.apportioned_micro is None
     ok = (
         unbilled is not None
         and kept >= 0
         and unbilled >= 0
         and kept + unbilled == apportioned <= whole
-        and members <= apportioned
+        and (older or members <= apportioned)
     )
     report.check(
         f"{c} shares",
@@ -431,7 +435,8 @@ def _check_quilt(rt: Runtime, report: VerifyReport, c: str, item: _Item, price: 
             if apportioned <= whole
             else f": MORE than its {_units(whole)} on chain"
         )
-        + f"; its members' fixed shares sum to {_units(members)}",
+        + f"; its members' fixed shares sum to {_units(members)}"
+        + (" (shares from before exact apportionment: its units stand in)" if older else ""),
     )
 
 
