@@ -493,14 +493,7 @@ def _claim_batch(
                     "new_end_epoch": blob.end_epoch + k,
                     "cost_mc": cost,
                     "hold_ref": _hold_ref(renewal_id, blob.account_id) if blob.account_id else None,
-                    # A quilt's bill, checkable to the unit: kept + unbilled = apportioned.
-                    **dict(
-                        zip(
-                            ("share_micro", "unbilled_micro"),
-                            quilt_split(blob, shares) if blob.kind == "quilt" else (None, None),
-                            strict=True,
-                        )
-                    ),
+                    **_item_shares(blob, shares),
                 }
                 for blob, k, cost in funded
             ],
@@ -516,6 +509,15 @@ def _claim_batch(
             memo=f"renewal {prepared.digest}",
         )
         return _Claim(renewal_id, prepared, len(funded), cursor)
+
+
+def _item_shares(blob: _Due, shares: dict[int, int]) -> dict[str, int | None]:
+    """A quilt item's kept and unbilled shares — they sum to the quilt's apportioned
+    shares, so ``walkeep verify`` checks its bill to the unit; None for a plain blob."""
+    if blob.kind != "quilt":
+        return {"share_micro": None, "unbilled_micro": None}
+    kept, unbilled = quilt_split(blob, shares)
+    return {"share_micro": kept, "unbilled_micro": unbilled}
 
 
 def _prepare_checked(

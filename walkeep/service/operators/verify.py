@@ -9,6 +9,12 @@ compares each call with the records (``renewals`` + ``renewal_items`` +
 new end epoch from the effects, the effects' status and the sender (the server
 wallet). For a memory it walks the whole renewal history of the memory's blob.
 
+The money side is checked to the millicredit: each item's bill against the price rule —
+for a quilt, its recorded kept shares, which with the unbilled rest sum exactly to the
+quilt's apportioned shares (walkeep/pricing.py says how a quilt's cost is apportioned) —
+and the chain's WAL charge against the storage price. A quilt renewal billed before
+exact apportionment (migration 0019) is checked by the rule that billed it.
+
 Transport-free: the CLI prints the facts, and the console can render the same
 :class:`VerifyReport` as a page.
 """
@@ -257,9 +263,7 @@ def _verify_into(
     extensions = {e.blob_object_id: e for e in effects.extensions} if effects else {}
     mine = report
     others = VerifyReport(subject=digest, network=report.network)
-    _check_money(
-        rt, mine, others, only_object, p, renewal_id, items, blob_count, cost_mc, wal_cost, effects
-    )
+    _check_money(rt, mine, others, only_object, p, renewal_id, items, blob_count, cost_mc)
     _wal_cost(rt, mine, p, items, wal_cost, effects)
     for i, call in enumerate(tx.calls):
         c = f"{p}call {i}"
@@ -328,10 +332,8 @@ def _check_money(
     items: list[_Item],
     blob_count: int,
     cost_mc: int,
-    wal_cost: int | None,
-    effects: TxEffects | None,
 ) -> None:
-    """The money side of one renewal: what was billed and what the chain charged.
+    """The money side of one renewal: what was billed (the chain's charge: ``_wal_cost``).
 
     - ``blob count``: the renewal's recorded count is its items' count;
     - ``billed``: the renewal's cost is the sum of its items' costs;
@@ -342,8 +344,6 @@ def _check_money(
     - ``call N shares`` (quilts): the kept shares billed and the unbilled rest sum exactly
       to the quilt's apportioned shares, fixed when it landed; those are at most its
       units on chain, and its members' fixed shares sum to no more than them;
-    - ``WAL cost``: the chain's charge is what Walkeep recorded and what the storage
-      price gives for the items' sizes and epochs (at today's price).
 
     A quilt renewal recorded before exact apportionment (migration 0019: no kept shares
     recorded) was billed by the rule then in force — each share rounded up, and the sum
