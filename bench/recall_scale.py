@@ -27,7 +27,7 @@ cached under ``~/.cache/walkeep-bench`` (keyed by the texts).
 bulk: content encrypted with the account's ``Keyring`` and written as quilts of 600
 patches to the local blob store (``put_quilt``, as ``SelfRelayer`` does), each
 quilt's ``blobs`` row by ``pipeline.upsert_blob``, one ``active`` memory per patch
-(blob_pk, patch id, share from ``pricing.quilt_share_micro``), and one index row per
+(blob_pk, patch id, share from ``pricing.apportion_quilt_shares``), and one index row per
 memory (vector, keyed term hashes from ``walkeep.index.terms``). Not written: the
 store requests, write jobs and ledger holds of the original stores (no credits are
 spent). Then ``SearchIndex.merge`` writes each account's segment (with the HNSW graph
@@ -426,12 +426,21 @@ def populate(
         index_rows: list[dict[str, Any]] = []
         with rt.db.begin() as s:
             for q, stored, patches in quilts:
+                shares = pricing.apportion_quilt_shares(
+                    stored.blob.storage_size, [len(d) for _, d in patches]
+                )
                 blob_pk = upsert_blob(
-                    s, acct, stored.blob, now, threshold, live=True, patch_count=len(patches)
+                    s,
+                    acct,
+                    stored.blob,
+                    now,
+                    threshold,
+                    live=True,
+                    patch_count=len(patches),
+                    share_micro=sum(shares),
                 )
                 patch_of = {p.identifier: p.patch_id for p in stored.patches}
-                payload = sum(len(d) for _, d in patches)
-                for k, (ident, data) in enumerate(patches):
+                for k, (ident, _data) in enumerate(patches):
                     r = q + k
                     patch_id = patch_of[ident]
                     built.blob_ids.append(patch_id)
@@ -447,9 +456,7 @@ def populate(
                             "status": MemoryStatus.ACTIVE,
                             "blob_pk": blob_pk,
                             "blob_id": patch_id,
-                            "share_micro": pricing.quilt_share_micro(
-                                stored.blob.storage_size, payload, len(data)
-                            ),
+                            "share_micro": shares[k],
                             "cost_mc": pricing.store_cost_mc(
                                 size, settings.store_price_mc_per_64kib
                             ),

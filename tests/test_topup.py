@@ -140,10 +140,16 @@ def _settings(tmp_path: Path, fake: FakeStripe | None) -> Settings:
 
 
 class _Epoch0:
-    """The one chain fact a credit reads: which paused memories are still paid for."""
+    """The one chain fact a credit reads: which paused memories are still paid for, and
+    which of them the next renewal reaches before they end (the epoch clock)."""
 
     def current_epoch(self) -> int:
         return 0
+
+    def epoch_info(self):  # type: ignore[no-untyped-def]
+        from walkeep.backends.base import EpochInfo
+
+        return EpochInfo(epoch=0, started_at=None, duration_seconds=3600)
 
 
 def _runtime(db: Database, clock: ManualClock, settings: Settings, payments: object) -> Runtime:

@@ -286,7 +286,7 @@ def test_the_money_side_is_verified_too(settings: Settings, clock: ManualClock, 
     assert _failed(verify.verify_digest(rt, digest)) == ["blob count", "call 0 cost", "WAL cost"]
 
 
-def test_a_quilt_item_costs_at_most_the_whole_quilt(rt: Runtime, clock: ManualClock) -> None:
+def test_a_quilt_item_billed_above_its_kept_shares_fails(rt: Runtime, clock: ManualClock) -> None:
     digests, _mids = _renewed_world(rt, clock)
     digest = digests[0]
     assert "call 0 cost" in {f.name for f in verify.verify_digest(rt, digest).facts}

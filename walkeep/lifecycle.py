@@ -99,12 +99,14 @@ def blob_row(
     threshold: int,
     *,
     patch_count: int | None = None,
+    share_micro: int | None = None,
 ) -> dict[str, object]:
     """The ``blobs`` row for an on-chain Blob object (a quilt when it has patches)."""
     return {
         "account_id": account_id,
         "kind": "quilt" if patch_count is not None else "blob",
         "patch_count": patch_count,
+        "share_micro": share_micro if patch_count is not None else None,
         "blob_id": obj.blob_id,
         "blob_object_id": obj.blob_object_id,
         "size_bytes": obj.size,

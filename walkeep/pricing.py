@@ -11,6 +11,8 @@ Walkeep charges credits (1 credit = 1 US cent = 1000 millicredits):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from walkeep.protocol.walrus import N_SHARDS, encoded_blob_length, storage_units
 
 
@@ -25,29 +27,62 @@ def renewal_cost_mc(storage_size: int, epochs: int, price_mc_per_unit_epoch: int
 
 
 # --- quilts --------------------------------------------------------------------------------
-# A packed memory's renewal price is a share of its quilt's units, kept in
-# millionths of a unit so that a 100-byte memory's share of a 63-unit quilt is
-# still an exact integer.
+# A quilt is one Blob object renewed as a whole, shared by many memories of one account.
+# Its cost is apportioned once, when it lands, and the shares are fixed from then on:
+#
+# 1. **Apportionment (largest remainder).** The quilt's encoded units, in millionths
+#    (``storage_units(storage_size) * MICRO``), are split among its patches in proportion
+#    to their bytes: each patch first gets the floor of its exact proportional part; the
+#    millionths left over (fewer than the number of patches) go one each to the patches
+#    with the largest remainders, ties to the earlier patch. The shares of ALL patches
+#    then sum EXACTLY to the quilt's units: nothing is rounded up, nothing is lost.
+# 2. **The cap.** A patch's share never exceeds what the memory would cost as a blob of its
+#    own (``alone``): packing must never make anyone pay more. What a cap cuts is not
+#    handed to the other patches; it is Walkeep's loss. A quilt's *apportioned* shares
+#    (their sum, recorded on the quilt's ``blobs`` row) are therefore its units, or less
+#    when a cap bit — never more.
+# 3. **Renewal.** Extending a quilt by ``epochs`` bills the account for the shares of its
+#    kept (active) members only, at ``share_renewal_cost_mc``: the exact part
+#    ``kept * epochs * price / MICRO``, rounded DOWN to a millicredit. When every member is
+#    kept (and no cap bit), the kept shares are the whole quilt and the bill is exactly the
+#    whole quilt's chain-priced cost; otherwise it is the kept members' exact part, less
+#    the fraction of a millicredit. Forgotten or lapsed members' shares are Walkeep's cost.
+#    Shares are fixed when the quilt lands, so forgetting a neighbour never raises them.
+# 4. **Compaction** (re-packing a quilt's live members into a new quilt) lands them like
+#    any other writes: the new quilt is apportioned by the same rule.
+#
+# ``walkeep verify`` checks each quilt renewal against these figures exactly
+# (walkeep/service/operators/verify.py; docs/auditors.md).
 MICRO = 1_000_000
 
 
-def quilt_share_micro(quilt_storage_size: int, payload_bytes: int, patch_bytes: int) -> int:
-    """A packed memory's fixed share of its quilt's encoded units (millionths of a unit).
+def apportion_quilt_shares(quilt_storage_size: int, patch_bytes: Sequence[int]) -> list[int]:
+    """Each patch's fixed share of its quilt's units, in millionths of a unit, in patch
+    order: largest remainder over the quilt's units, then each capped at what the patch
+    would cost alone (see the rules above). Deterministic: same input, same shares."""
+    if not patch_bytes:
+        return []
+    total = storage_units(quilt_storage_size) * MICRO
+    weights = [max(0, b) for b in patch_bytes]
+    payload = sum(weights)
+    if payload == 0:  # nothing to weigh by: equal parts
+        weights, payload = [1] * len(weights), len(weights)
+    floors = [total * w // payload for w in weights]
+    left = total - sum(floors)  # < len(weights)
+    # Largest remainder first, the earlier patch on a tie (a stable sort).
+    order = sorted(range(len(weights)), key=lambda i: -(total * weights[i] % payload))
+    for i in order[:left]:
+        floors[i] += 1
+    return [
+        min(share, storage_units(encoded_blob_length(b)) * MICRO)
+        for share, b in zip(floors, patch_bytes, strict=True)
+    ]
 
-    Proportional to its bytes among the quilt's ``payload_bytes``, rounded up,
-    and never more than the memory would cost as a blob of its own: packing
-    must never make anyone pay more. Fixed when the quilt lands, so forgetting
-    a neighbour never raises it (the neighbour's share becomes Walkeep's cost).
-    """
-    units = storage_units(quilt_storage_size)
-    proportional = -(-units * MICRO * patch_bytes // max(payload_bytes, patch_bytes, 1))
-    alone = storage_units(encoded_blob_length(patch_bytes)) * MICRO
-    return min(proportional, alone)
 
-
-def share_renewal_cost_mc(share_micro: int, epochs: int, price_mc_per_unit_epoch: int) -> int:
-    """Renewal price of packed memories whose shares add up to ``share_micro``."""
-    return -(-share_micro * epochs * price_mc_per_unit_epoch // MICRO)
+def share_renewal_cost_mc(kept_micro: int, epochs: int, price_mc_per_unit_epoch: int) -> int:
+    """What extending a quilt bills its account for kept shares summing to ``kept_micro``:
+    their exact part of the chain-priced cost, rounded down (the fraction is Walkeep's)."""
+    return max(0, kept_micro) * epochs * price_mc_per_unit_epoch // MICRO
 
 
 def packing_saves(size: int, quilt_max_bytes: int, n_shards: int = N_SHARDS) -> bool:

@@ -292,10 +292,12 @@ class JobStatus:
     # For PENDING: when polling again can first make a difference (None: unknown).
     retry_at: datetime | None = None
     # For LANDED writes packed in a quilt: the memory's patch id (its public
-    # blob_id), its fixed share of the quilt's units and the quilt's patch count.
+    # blob_id), its fixed share of the quilt's units, the sum of every patch's share
+    # (the quilt's apportioned units) and the quilt's patch count.
     patch_id: str | None = None
     share_micro: int | None = None
     patch_count: int | None = None
+    quilt_share_micro: int | None = None
 
     @property
     def public_id(self) -> str:

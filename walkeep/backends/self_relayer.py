@@ -14,7 +14,7 @@ never upload the same job twice:
 and are then written together as one Walrus quilt (one Blob object, one
 renewal), or sooner once ``quilt_max_patches`` or ``quilt_max_bytes`` are
 waiting. Each job lands with its own patch id and a fixed share of the
-quilt's units (``pricing.quilt_share_micro``). Whether a write is packed at
+quilt's units (``pricing.apportion_quilt_shares``). Whether a write is packed at
 all is ``pricing.packing_saves``: a cost comparison, not a guess.
 
 ``uploaded`` is recorded before indexing so a crash while embedding never
@@ -691,13 +691,24 @@ class SelfRelayer:
         metrics.QUILTS_WRITTEN.labels("quilts").inc()
         metrics.QUILTS_WRITTEN.labels("patches").inc(len(patches))
         patch_of = {p.identifier: p.patch_id for p in stored.patches}
-        payload = sum(len(data) for _, data in patches.values())
+        # Every patch's fixed share, apportioned at once so that they sum exactly to the
+        # quilt's units (less what a cap cuts): pricing.apportion_quilt_shares.
+        shares = dict(
+            zip(
+                patches,
+                pricing.apportion_quilt_shares(
+                    stored.blob.storage_size, [len(data) for _, data in patches.values()]
+                ),
+                strict=True,
+            )
+        )
         blob = asdict(stored.blob)
         uploaded: list[dict[str, object]] = []
         ready: list[tuple[WriteJob, JobStatus]] = []
         for job in jobs:
             assert job.ciphertext is not None
-            ident, data = patches[hashlib.sha256(job.ciphertext).digest()]
+            digest = hashlib.sha256(job.ciphertext).digest()
+            ident, _data = patches[digest]
             patch_id = patch_of.get(ident)
             if patch_id is None:
                 out.update(
@@ -707,9 +718,8 @@ class SelfRelayer:
             result = {
                 "blob": blob,
                 "patch_id": patch_id,
-                "share_micro": pricing.quilt_share_micro(
-                    stored.blob.storage_size, payload, len(data)
-                ),
+                "share_micro": shares[digest],
+                "quilt_share_micro": sum(shares.values()),
                 "patch_count": len(patches),
             }
             uploaded.append({"id": job.id, "status": "uploaded", "result": result})
@@ -887,7 +897,9 @@ class _Staged:
 def _landed(result: dict[str, Any] | None) -> JobStatus:
     """A landed write's status from its job's recorded result.
 
-    Results are ``{"blob": …, "patch_id": …, "share_micro": …, "patch_count": …}``;
+    Results are ``{"blob": …, "patch_id": …, "share_micro": …, "quilt_share_micro": …,
+    "patch_count": …}`` (``quilt_share_micro``: the quilt's apportioned shares, absent from
+    results recorded before it was kept);
     rows written before quilts hold the blob's fields at the top level.
     """
     if not result:
@@ -899,6 +911,7 @@ def _landed(result: dict[str, Any] | None) -> JobStatus:
         blob=BlobObject(**result["blob"]),
         patch_id=result.get("patch_id"),
         share_micro=result.get("share_micro"),
+        quilt_share_micro=result.get("quilt_share_micro"),
         patch_count=result.get("patch_count"),
     )
 

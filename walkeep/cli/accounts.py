@@ -148,13 +148,11 @@ def credits_grant(
     mc = _usd(usd, "--usd")
     if mc == 0:
         raise CliError("--usd must be positive")
-    from walkeep.service.pausing import current_epoch_or_none
+    from walkeep.service.pausing import renewal_reach
 
     rt = _runtime()  # the chain's epoch: paused memories resume now, lapsed ones never
     account_id = _resolve_account(rt.db, account)
-    entry = accounts.grant(
-        rt.db, account_id, mc, reason=reason, current_epoch=current_epoch_or_none(rt)
-    )
+    entry = accounts.grant(rt.db, account_id, mc, reason=reason, current_epoch=renewal_reach(rt))
     _emit(
         {
             "account_id": account_id,

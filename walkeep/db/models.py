@@ -169,6 +169,9 @@ class Blob(Base):
     # quilt: many memories' patches in one object, renewed as one.
     kind: Mapped[str] = mapped_column(String(8), default="blob", server_default="blob")
     patch_count: Mapped[int | None] = mapped_column(Integer)
+    # A quilt's apportioned shares: the sum of its patches' fixed shares (millionths of a
+    # unit, walkeep.pricing), fixed when it lands; its units or less. NULL for a blob.
+    share_micro: Mapped[int | None] = mapped_column(BigInteger)
     renewals_performed: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     last_renewal_tx: Mapped[str | None] = mapped_column(String(100))
     next_renewal_epoch: Mapped[int | None] = mapped_column(Integer)
@@ -222,7 +225,7 @@ class Memory(Base):
     # else its blob's blob_id. What recall, check_runway, forget and export show.
     blob_id: Mapped[str | None] = mapped_column(String(64))
     # A packed memory's fixed share of its quilt's encoded units, in millionths
-    # of a unit (walkeep.pricing.quilt_share_micro); None = pays its whole blob.
+    # of a unit (walkeep.pricing.apportion_quilt_shares); None = pays its whole blob.
     share_micro: Mapped[int | None] = mapped_column(BigInteger)
     cost_mc: Mapped[int] = mapped_column(BigInteger)
     attempt: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
@@ -327,6 +330,12 @@ class RenewalItem(Base):
     new_end_epoch: Mapped[int] = mapped_column(Integer)
     cost_mc: Mapped[int] = mapped_column(BigInteger)
     hold_ref: Mapped[str | None] = mapped_column(String(200))
+    # A quilt's renewal, in millionths of a unit: the kept members' shares it billed and
+    # the rest of the quilt's apportioned shares (Walkeep's cost); the two sum to the
+    # quilt's ``blobs.share_micro``. NULL for a plain blob, and for quilt renewals made
+    # before migration 0019 (billed by the rule before; walkeep verify tells them apart).
+    share_micro: Mapped[int | None] = mapped_column(BigInteger)
+    unbilled_micro: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class Request(Base):

@@ -116,17 +116,30 @@ _SHARED_BLOB = (
 
 
 def upsert_blob(  # type: ignore[no-untyped-def]
-    s, account_id: str, obj: BlobObject, now, threshold: int, *, live: bool, patch_count=None
+    s,
+    account_id: str,
+    obj: BlobObject,
+    now,
+    threshold: int,
+    *,
+    live: bool,
+    patch_count=None,
+    share_micro=None,
 ) -> int:
     """The blob row for this landed object, reusing the account's existing live blob
     with the same blob_id (identical content shares one renewal). A quilt's row is
-    made by its first member and found by the others."""
+    made by its first member and found by the others; ``share_micro`` is its
+    apportioned shares (``pricing.apportion_quilt_shares``), fixed from then on."""
     existing = s.execute(_BLOB_BY_OBJECT, {"p_object": obj.blob_object_id}).first()
     if existing is not None:
         if live and existing.status == BlobStatus.ORPHAN:
             # The sweep saw this object before its write was registered: adopt it
             # (a quilt is only known to be one from its members' results).
-            kind = {"kind": "quilt", "patch_count": patch_count} if patch_count else {}
+            kind = (
+                {"kind": "quilt", "patch_count": patch_count, "share_micro": share_micro}
+                if patch_count
+                else {}
+            )
             s.execute(
                 update(Blob)
                 .where(Blob.id == existing.id)
@@ -141,7 +154,9 @@ def upsert_blob(  # type: ignore[no-untyped-def]
         )
     # A duplicate object of content we already keep alive is left to lapse.
     status = BlobStatus.LIVE if live and shared is None else BlobStatus.ORPHAN
-    row = lifecycle.blob_row(obj, account_id, status, now, threshold, patch_count=patch_count)
+    row = lifecycle.blob_row(
+        obj, account_id, status, now, threshold, patch_count=patch_count, share_micro=share_micro
+    )
     # ON CONFLICT, not an insert caught as IntegrityError: another process (a second
     # web process's completer, or the sweep recording it as an orphan) may have
     # inserted this object meanwhile; then its row is the one.

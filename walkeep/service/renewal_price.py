@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from walkeep import lifecycle, pricing
 from walkeep.db.models import Blob, Memory
 from walkeep.lifecycle import BlobStatus, MemoryStatus
+from walkeep.protocol import walrus
 from walkeep.service.runtime import Runtime
 
 ACTIVE_ONLY = (MemoryStatus.ACTIVE,)
@@ -67,12 +68,28 @@ def quilt_shares(
     return totals
 
 
+def quilt_split(blob: Any, shares: dict[int, int]) -> tuple[int, int]:
+    """A quilt's apportioned shares split into (kept, unbilled), millionths of a unit.
+
+    Kept: its kept members' fixed shares (``shares``, from ``quilt_shares``), never more
+    than the quilt's apportioned shares (``blobs.share_micro``; a quilt that landed
+    without it, from a write recorded before it was kept, counts its whole units).
+    Unbilled: the rest, Walkeep's cost. The two always sum to the apportioned shares:
+    the renewal records both and ``walkeep verify`` checks that they do."""
+    whole = walrus.storage_units(blob.storage_size) * pricing.MICRO
+    apportioned = whole if blob.share_micro is None else min(blob.share_micro, whole)
+    kept = min(max(0, shares.get(blob.id, 0)), apportioned)
+    return kept, apportioned - kept
+
+
 def blob_renewal_cost_mc(blob: Any, shares: dict[int, int], epochs: int, price: int) -> int:
     """What an account pays to extend ``blob`` by ``epochs``: a plain blob's whole
-    encoded units; for a quilt, only its kept members' fixed shares — the shares of
-    forgotten members are Walkeep's cost (``walkeep_quilt_unbilled_mc_total``)."""
+    encoded units; for a quilt, only its kept members' fixed shares, at their exact
+    part rounded down (walkeep/pricing.py) — the shares of forgotten members are
+    Walkeep's cost (``walkeep_quilt_unbilled_mc_total``)."""
     if blob.kind == "quilt":
-        return pricing.share_renewal_cost_mc(shares.get(blob.id, 0), epochs, price)
+        kept, _unbilled = quilt_split(blob, shares)
+        return pricing.share_renewal_cost_mc(kept, epochs, price)
     return pricing.renewal_cost_mc(blob.storage_size, epochs, price)
 
 
@@ -83,7 +100,7 @@ def renewal_burn_mc_per_epoch(rt: Runtime, account_id: str) -> tuple[int, int | 
     # triggers, migration 0013) and the (account_id, status, end_epoch) index. Joined to
     # memories instead, SQLite searched the account's memories once per live blob of every
     # account: check_balance took 150 s on an account of a million memories.
-    kept = select(Blob.id, Blob.kind, Blob.storage_size, Blob.end_epoch).where(
+    kept = select(Blob.id, Blob.kind, Blob.storage_size, Blob.share_micro, Blob.end_epoch).where(
         Blob.account_id == account_id,
         Blob.status == BlobStatus.LIVE,
         Blob.end_epoch > current,

@@ -177,7 +177,14 @@ def finish(rt: Runtime, landed: list[tuple[str, str, JobStatus]]) -> int:
             if account_id is None:
                 continue
             new_pk = upsert_blob(
-                s, account_id, st.blob, now, threshold, live=True, patch_count=st.patch_count
+                s,
+                account_id,
+                st.blob,
+                now,
+                threshold,
+                live=True,
+                patch_count=st.patch_count,
+                share_micro=st.quilt_share_micro,
             )
             res = s.execute(
                 update(Memory)

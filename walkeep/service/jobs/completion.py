@@ -238,7 +238,14 @@ def _register_in(  # type: ignore[no-untyped-def]
         cached
         if cached is not None
         else upsert_blob(
-            s, memory.account_id, st.blob, now, threshold, live=live, patch_count=st.patch_count
+            s,
+            memory.account_id,
+            st.blob,
+            now,
+            threshold,
+            live=live,
+            patch_count=st.patch_count,
+            share_micro=st.quilt_share_micro,
         )
     )
     if batch is not None and live and st.patch_count is not None:

@@ -78,12 +78,13 @@ from walkeep.db.models import Account, Blob, Memory, Renewal, RenewalItem, table
 from walkeep.errors import InsufficientBalance
 from walkeep.lifecycle import BlobStatus, MemoryStatus
 from walkeep.service import alerts
-from walkeep.service.pausing import resume_paused
+from walkeep.service.pausing import Reach, resume_paused
 from walkeep.service.renewal_price import (
     ACTIVE_ONLY,
     KEPT,
     blob_renewal_cost_mc,
     quilt_shares,
+    quilt_split,
 )
 from walkeep.service.runtime import Runtime
 
@@ -148,6 +149,7 @@ class _Due:
     storage_size: int
     renew_failures: int
     kind: str
+    share_micro: int | None  # a quilt's apportioned shares (blobs.share_micro)
 
 
 # Where the due scan of a pass has got to: the (end_epoch, id) of the last
@@ -287,7 +289,7 @@ def resume_eligible(rt: Runtime) -> int:
     for account_id in accounts:
         with rt.db.begin() as s:
             current = rt.chain.current_epoch()
-            cols = (Blob.id, Blob.kind, Blob.storage_size, Blob.end_epoch)
+            cols = (Blob.id, Blob.kind, Blob.storage_size, Blob.share_micro, Blob.end_epoch)
             live = (Blob.status == BlobStatus.LIVE, Blob.end_epoch > current)
             paused = list(
                 s.execute(
@@ -329,7 +331,8 @@ def resume_eligible(rt: Runtime) -> int:
                 for b in blobs.values()
             )
             if ledger.balance(s, account_id).available_mc >= max(need, 1):
-                total += resume_paused(s, account_id, current)
+                # This pass claims them next: every one still alive is reached in time.
+                total += resume_paused(s, account_id, Reach(current, current + 1))
     return total
 
 
@@ -365,6 +368,7 @@ def _due_query(rt: Runtime, current: int, now: datetime, after: _Cursor | None):
             b.storage_size,
             b.renew_failures,
             b.kind,
+            b.share_micro,
         )
         .where(
             b.status == BlobStatus.LIVE,
@@ -489,6 +493,7 @@ def _claim_batch(
                     "new_end_epoch": blob.end_epoch + k,
                     "cost_mc": cost,
                     "hold_ref": _hold_ref(renewal_id, blob.account_id) if blob.account_id else None,
+                    **_item_shares(blob, shares),
                 }
                 for blob, k, cost in funded
             ],
@@ -504,6 +509,15 @@ def _claim_batch(
             memo=f"renewal {prepared.digest}",
         )
         return _Claim(renewal_id, prepared, len(funded), cursor)
+
+
+def _item_shares(blob: _Due, shares: dict[int, int]) -> dict[str, int | None]:
+    """A quilt item's kept and unbilled shares — they sum to the quilt's apportioned
+    shares, so ``walkeep verify`` checks its bill to the unit; None for a plain blob."""
+    if blob.kind != "quilt":
+        return {"share_micro": None, "unbilled_micro": None}
+    kept, unbilled = quilt_split(blob, shares)
+    return {"share_micro": kept, "unbilled_micro": unbilled}
 
 
 def _prepare_checked(

@@ -18,7 +18,7 @@ from walkeep.db.models import Account, ApiKey, ConsoleSession
 from walkeep.errors import NotFound, Unauthorized, ValidationError
 from walkeep.ledger import Kind
 from walkeep.service.namespaces import validate_namespace
-from walkeep.service.pausing import resume_paused
+from walkeep.service.pausing import Reach, resume_paused
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,10 +144,12 @@ def grant(
     *,
     reason: str,
     ref: str | None = None,
-    current_epoch: int | None = None,
+    current_epoch: Reach | int | None = None,
 ) -> ledger.Entry:
     """Credit an account; its paused memories resume at once when ``current_epoch`` is
-    given (only those still within their paid runway), else on the next renewal pass."""
+    given (only those still within their paid runway), else on the next renewal pass.
+    Given as ``pausing.renewal_reach``, ``memories.resumed`` can tell the memories a
+    renewal reaches in time from those that end first (an epoch alone: cautiously)."""
     if amount_mc <= 0:
         raise ValidationError("grant amount must be positive", {"field": "usd"})
     if not reason.strip():

@@ -9,6 +9,12 @@ compares each call with the records (``renewals`` + ``renewal_items`` +
 new end epoch from the effects, the effects' status and the sender (the server
 wallet). For a memory it walks the whole renewal history of the memory's blob.
 
+The money side is checked to the millicredit: each item's bill against the price rule —
+for a quilt, its recorded kept shares, which with the unbilled rest sum exactly to the
+quilt's apportioned shares (walkeep/pricing.py says how a quilt's cost is apportioned) —
+and the chain's WAL charge against the storage price. A quilt renewal billed before
+exact apportionment (migration 0019) is checked by the rule that billed it.
+
 Transport-free: the CLI prints the facts, and the console can render the same
 :class:`VerifyReport` as a page.
 """
@@ -21,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from itertools import pairwise
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from walkeep import pricing
 from walkeep.backends.base import ChainError, TxEffects
@@ -82,6 +88,11 @@ class _Item:
     cost_mc: int
     storage_size: int
     kind: str
+    share_micro: int | None  # a quilt renewal's kept shares (NULL: before migration 0019)
+    unbilled_micro: int | None
+    blob_pk: int
+    apportioned_micro: int | None  # the quilt's blobs.share_micro
+    patch_count: int | None
 
 
 def _items(rt: Runtime, renewal_id: int) -> list[_Item]:
@@ -95,12 +106,17 @@ def _items(rt: Runtime, renewal_id: int) -> list[_Item]:
                 RenewalItem.cost_mc,
                 Blob.storage_size,
                 Blob.kind,
+                RenewalItem.share_micro,
+                RenewalItem.unbilled_micro,
+                Blob.id,
+                Blob.share_micro,
+                Blob.patch_count,
             )
             .join(Blob, Blob.id == RenewalItem.blob_pk)
             .where(RenewalItem.renewal_id == renewal_id)
             .order_by(RenewalItem.id)
         ).all()
-    return [_Item(*r) for r in rows]
+    return [_Item(*tuple[Any, ...](r)) for r in rows]
 
 
 def verify_digest(rt: Runtime, digest: str) -> VerifyReport:
@@ -247,7 +263,8 @@ def _verify_into(
     extensions = {e.blob_object_id: e for e in effects.extensions} if effects else {}
     mine = report
     others = VerifyReport(subject=digest, network=report.network)
-    _check_money(rt, mine, others, only_object, p, items, blob_count, cost_mc, wal_cost, effects)
+    _check_money(rt, mine, others, only_object, p, renewal_id, items, blob_count, cost_mc)
+    _wal_cost(rt, mine, p, items, wal_cost, effects)
     for i, call in enumerate(tx.calls):
         c = f"{p}call {i}"
         report = mine if only_object in (None, call.blob_object_id) else others
@@ -311,21 +328,27 @@ def _check_money(
     others: VerifyReport,
     only_object: str | None,
     p: str,
+    renewal_id: int,
     items: list[_Item],
     blob_count: int,
     cost_mc: int,
-    wal_cost: int | None,
-    effects: TxEffects | None,
 ) -> None:
-    """The money side of one renewal: what was billed and what the chain charged.
+    """The money side of one renewal: what was billed (the chain's charge: ``_wal_cost``).
 
     - ``blob count``: the renewal's recorded count is its items' count;
     - ``billed``: the renewal's cost is the sum of its items' costs;
     - ``call N cost``: a plain blob's item costs exactly price × size units × epochs; a
-      quilt's item costs the kept members' shares, so at most the whole quilt's price
-      (members forgotten since the claim make the exact figure unknowable afterwards);
-    - ``WAL cost``: the chain's charge is what Walkeep recorded and what the storage
-      price gives for the items' sizes and epochs (at today's price).
+      quilt's item costs exactly its recorded kept shares' part, rounded down
+      (``pricing.share_renewal_cost_mc``) — so all members kept is the whole quilt's
+      price to the millicredit;
+    - ``call N shares`` (quilts): the kept shares billed and the unbilled rest sum exactly
+      to the quilt's apportioned shares, fixed when it landed; those are at most its
+      units on chain, and its members' fixed shares sum to no more than them;
+
+    A quilt renewal recorded before exact apportionment (migration 0019: no kept shares
+    recorded) was billed by the rule then in force — each share rounded up, and the sum
+    again — and is checked against that rule's bound, saying by how much it exceeded the
+    whole quilt; such a renewal must come before every renewal recorded with its shares.
 
     Every comparison is between integers, so equal figures are never a mismatch. An
     audit of one memory (``only_object``) lists its own item's cost; the others' go
@@ -339,16 +362,122 @@ def _check_money(
     )
     billed = sum(i.cost_mc for i in items)
     report.check(f"{p}billed", billed == cost_mc, f"recorded {cost_mc} mc, items sum {billed} mc")
+    first_exact: int | None = None
+    if any(i.kind == "quilt" and i.share_micro is None for i in items):
+        with rt.db.read() as s:
+            first_exact = s.scalar(
+                select(func.min(RenewalItem.renewal_id)).where(RenewalItem.share_micro.is_not(None))
+            )
     for n, item in enumerate(items):
-        full = pricing.renewal_cost_mc(item.storage_size, item.epochs, price)
-        if item.kind == "quilt":
-            ok = 0 <= item.cost_mc <= full
-            detail = f"{item.cost_mc} mc for kept shares, whole quilt {full} mc"
-        else:
-            ok = item.cost_mc == full
-            detail = f"{item.cost_mc} mc billed, price × units × epochs = {full} mc"
         into = report if only_object in (None, item.blob_object_id) else others
-        into.check(f"{p}call {n} cost", ok, detail)
+        c = f"{p}call {n}"
+        if item.kind != "quilt":
+            full = pricing.renewal_cost_mc(item.storage_size, item.epochs, price)
+            into.check(
+                f"{c} cost",
+                item.cost_mc == full and item.share_micro is None and item.unbilled_micro is None,
+                f"{item.cost_mc} mc billed, price × units × epochs = {full} mc"
+                + ("" if item.share_micro is None else "; a plain blob has no quilt shares"),
+            )
+        elif item.share_micro is None:
+            into.check(f"{c} cost", *_legacy_quilt_cost(item, price, renewal_id, first_exact))
+        else:
+            _check_quilt(rt, into, c, item, price)
+
+
+def _units(micro: int) -> str:
+    """Millionths of a unit as units with six decimals (``63.000000``), exactly."""
+    sign = "-" if micro < 0 else ""
+    return f"{sign}{abs(micro) // pricing.MICRO}.{abs(micro) % pricing.MICRO:06d}"
+
+
+def _check_quilt(rt: Runtime, report: VerifyReport, c: str, item: _Item, price: int) -> None:
+    """A quilt renewal under exact apportionment (walkeep/pricing.py), to the unit."""
+    assert item.share_micro is not None
+    kept, unbilled = item.share_micro, item.unbilled_micro
+    whole = walrus.storage_units(item.storage_size) * pricing.MICRO
+    full = pricing.renewal_cost_mc(item.storage_size, item.epochs, price)
+    expected = pricing.share_renewal_cost_mc(kept, item.epochs, price)
+    report.check(
+        f"{c} cost",
+        item.cost_mc == expected,
+        f"{item.cost_mc} mc billed, ⌊{_units(kept)} kept units × {item.epochs} epochs × "
+        f"{price} mc⌋ = {expected} mc (whole quilt {full} mc)",
+    )
+    apportioned = whole if item.apportioned_micro is None else item.apportioned_micro
+    with rt.db.read() as s:
+        patches = (
+            select(Memory.blob_id, func.max(Memory.share_micro).label("share"))
+            .where(Memory.blob_pk == item.blob_pk, Memory.share_micro.is_not(None))
+            .group_by(Memory.blob_id)
+            .subquery()
+        )
+        members = int(s.scalar(select(func.coalesce(func.sum(patches.c.share), 0))) or 0)
+    # A quilt landed from a write recorded before exact apportionment has no apportioned
+    # total: its whole units stand in, and its members' shares are the older, rounded-up
+    # ones (the renewal billed at most the whole quilt; the bill is still exact).
+    older = item.apportioned_micro is None
+    ok = (
+        unbilled is not None
+        and kept >= 0
+        and unbilled >= 0
+        and kept + unbilled == apportioned <= whole
+        and (older or members <= apportioned)
+    )
+    report.check(
+        f"{c} shares",
+        ok,
+        f"kept {_units(kept)} + unbilled "
+        + (_units(unbilled) if unbilled is not None else "(none recorded)")
+        + f" = the quilt's {_units(apportioned)} apportioned units"
+        + (
+            f" (its {_units(whole)} on chain)"
+            if apportioned <= whole
+            else f": MORE than its {_units(whole)} on chain"
+        )
+        + f"; its members' fixed shares sum to {_units(members)}"
+        + (" (shares from before exact apportionment: its units stand in)" if older else ""),
+    )
+
+
+def _legacy_quilt_cost(
+    item: _Item, price: int, renewal_id: int, first_exact: int | None
+) -> tuple[bool, str]:
+    """A quilt renewal billed before exact apportionment, checked by that rule's bound.
+
+    Then each kept member's share was rounded up (by less than a millionth of a unit
+    each) and the sum rounded up again, so the bill was at most
+    ``⌈(units + patches − 1) × epochs × price⌉`` — and could exceed the whole quilt's
+    cost by a millicredit or so. The shares it counted were not recorded, so only this
+    bound can be checked; the detail says what the whole quilt cost beside it."""
+    whole = walrus.storage_units(item.storage_size) * pricing.MICRO
+    patches = max(1, item.patch_count or 1)
+    bound = -(-(whole + patches - 1) * item.epochs * price // pricing.MICRO)
+    full = pricing.renewal_cost_mc(item.storage_size, item.epochs, price)
+    over = item.cost_mc - full
+    detail = (
+        f"{item.cost_mc} mc billed by the rule before exact apportionment (shares rounded "
+        f"up; the kept shares were not recorded): at most {bound} mc by that rule; whole "
+        f"quilt {full} mc" + (f", {over} mc above it" if over > 0 else "")
+    )
+    if first_exact is not None and renewal_id > first_exact:
+        return False, (
+            f"no kept shares recorded, yet this renewal (#{renewal_id}) came after exact "
+            f"apportionment began (renewal #{first_exact})"
+        )
+    return 0 <= item.cost_mc <= bound, detail
+
+
+def _wal_cost(
+    rt: Runtime,
+    report: VerifyReport,
+    p: str,
+    items: list[_Item],
+    wal_cost: int | None,
+    effects: TxEffects | None,
+) -> None:
+    """``WAL cost``: what the chain charged, against the record and against the storage
+    price applied to the items' sizes and epochs (the chain's side of the money)."""
     if effects is None or effects.wal_cost_frost is None:
         return
     try:
@@ -380,13 +509,14 @@ def verify_memory(rt: Runtime, memory_id: str) -> VerifyReport:
                 Blob.end_epoch,
                 Blob.renewals_performed,
                 Blob.last_renewal_tx,
+                Blob.storage_size,
             )
             .join(Memory, Memory.blob_pk == Blob.id)
             .where(Memory.id == memory_id)
         ).first()
         if row is None:
             raise NotFound("unknown memory, or it has no blob yet", {"memory_id": memory_id})
-        blob_pk, object_id, end_epoch, performed, last_tx = row
+        blob_pk, object_id, end_epoch, performed, last_tx, storage_size = row
         history = s.execute(
             select(
                 Renewal.digest,
@@ -407,7 +537,8 @@ def verify_memory(rt: Runtime, memory_id: str) -> VerifyReport:
         "renewal count",
         len(confirmed) == performed
         and (confirmed[-1][0] if confirmed else None) == (last_tx if performed else None),
-        f"{len(confirmed)} confirmed renewals recorded for this blob"
+        f"{len(confirmed)} confirmed renewal{'' if len(confirmed) == 1 else 's'} recorded "
+        "for this blob"
         + (f", the last {confirmed[-1][0]}" if confirmed else "")
         + f"; the blob says {performed}"
         + (f", the last {last_tx}" if performed else ""),
@@ -435,4 +566,10 @@ def verify_memory(rt: Runtime, memory_id: str) -> VerifyReport:
             obj is not None and obj.end_epoch == last == end_epoch,
             f"chain {obj.end_epoch if obj else 'missing'}, record {end_epoch}, last renewal {last}",
         )
+    # What every renewal of this blob was priced on: its encoded size, as the chain has it.
+    report.check(
+        "storage size",
+        obj is not None and obj.storage_size == storage_size,
+        f"chain {obj.storage_size if obj else 'missing'} bytes encoded, record {storage_size}",
+    )
     return report

@@ -30,8 +30,11 @@ def typical_memory_mc(rt: Runtime) -> int:
     if s.quilts == "on" and s.relayer in ("local", "walrus"):
         from walkeep.protocol.quilt import quilt_storage_size
 
-        share = pricing.quilt_share_micro(quilt_storage_size([size] * 600), size * 600, size)
-        renew = pricing.share_renewal_cost_mc(share, epochs, s.renewal_price_mc_per_unit_epoch)
+        # Its part of a full quilt's renewal, rounded up: an estimate should not flatter.
+        whole = pricing.renewal_cost_mc(
+            quilt_storage_size([size] * 600), epochs, s.renewal_price_mc_per_unit_epoch
+        )
+        renew = -(-whole // 600)
     else:
         renew = pricing.renewal_cost_mc(
             walrus.encoded_blob_length(size), epochs, s.renewal_price_mc_per_unit_epoch

@@ -2,19 +2,34 @@
 
 Walrus has no hard delete for a blob someone paid for: the honest promise is
 "we stop paying, it disappears from recall and export now, and the encrypted
-bytes lapse at end_epoch". The note says so, with the epoch and a date.
-Forgetting a blob_id stops every memory of the account that shares it
-(identical content), since they share one renewal. A memory packed in a quilt
-shares its Blob object with other memories: the quilt keeps renewing while any
-of them is active, and the note says so rather than promising a lapse date.
+bytes lapse at end_epoch". The note says what will really happen to the bytes, case
+by case (``_note``):
+
+- **its own blob** (and the identical copies that share it: forgetting a blob_id stops
+  every memory of the account that shares it, since they share one renewal): it lapses
+  at the blob's end epoch — or at the end a renewal already under way gives it;
+- **packed in a quilt with active neighbours**: the quilt keeps renewing for them, so
+  the patch stays on Walrus while it does (the account is no longer billed for it), until
+  the quilt is re-packed without it or lapses; with only *paused* neighbours, the quilt
+  is renewed again only if they resume, else it lapses at its end epoch; with none, it
+  lapses at its end epoch like a blob;
+- **still being written**: where it lands is not known yet. An identical memory the
+  account keeps holds the same bytes, which stay while it is kept; a write that may be
+  packed lands in a quilt whose other memories may keep it renewed; otherwise it lapses
+  at the end of its initial paid epochs. The note says whichever of these can happen.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
+
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
-from walkeep.db.models import Memory, Request
+from walkeep.backends.base import EpochInfo
+from walkeep.db.models import Blob, Memory, RenewalItem, Request
 from walkeep.lifecycle import MemoryStatus
 from walkeep.service.runtime import Runtime
 from walkeep.service.tools import idempotency
@@ -59,28 +74,7 @@ def forget(rt: Runtime, account_id: str, *, memory_id: str, request_id: str) -> 
                 .where(Memory.id.in_(ids_), Memory.forgotten_at.is_(None))
                 .values(forgotten_at=now)
             )
-            ends = [b.end_epoch for _, b in rows if b is not None]
-            stopped = (
-                len(rows)
-                if not public
-                else s.query(Memory)
-                .filter(Memory.account_id == account_id, Memory.blob_id.in_(public))
-                .count()
-            )
-            quilt_pks = {b.id for _, b in rows if b is not None and b.kind == "quilt"}
-            neighbours = (
-                s.scalar(
-                    select(func.count())
-                    .select_from(Memory)
-                    .where(
-                        Memory.blob_pk.in_(quilt_pks),
-                        Memory.status == MemoryStatus.ACTIVE,
-                    )
-                )
-                if quilt_pks
-                else 0
-            )
-            note = _note(ends, info, now, stopped, memory_id, neighbours=neighbours or 0)
+            note = _note(_facts(rt, s, account_id, rows, public), info, now)
             result = ForgetResult(memory_id=memory_id, status="no-renew", note=note)
             s.add(
                 Request(
@@ -105,28 +99,137 @@ def forget(rt: Runtime, account_id: str, *, memory_id: str, request_id: str) -> 
     return result
 
 
-def _note(ends: list[int], info, now, stopped: int, ident: str, *, neighbours: int = 0) -> str:  # type: ignore[no-untyped-def]
-    copies = f"{stopped} memories sharing this blob" if stopped > 1 else "this memory"
+@dataclass(frozen=True, slots=True)
+class _Facts:
+    """What the note's promise rests on, read in the forget's own transaction."""
+
+    stopped: int  # memories whose renewal is now stopped (this one and its copies)
+    ends: list[int]  # end epochs of the blobs holding them (empty: still being written)
+    extends_to: int | None  # the end a renewal already under way gives them
+    quilt_active: int  # other active memories packed in the same quilt
+    quilt_paused: int  # other paused memories packed in the same quilt
+    kept_copy: str | None  # still being written: an identical memory the account keeps
+    may_pack: bool  # still being written: the write may land packed in a quilt
+    initial_epochs: int
+
+
+def _facts(
+    rt: Runtime,
+    s: Session,
+    account_id: str,
+    rows: list[tuple[Memory, Blob | None]],
+    public: set[str],
+) -> _Facts:
+    blobs = {b.id: b for _, b in rows if b is not None}
+    stopped = (
+        s.scalar(
+            select(func.count())
+            .select_from(Memory)
+            .where(
+                Memory.account_id == account_id,
+                Memory.blob_id.in_(public),
+                Memory.status == MemoryStatus.NO_RENEW,
+            )
+        )
+        if public
+        else len(rows)
+    )
+    quilts = [pk for pk, b in blobs.items() if b.kind == "quilt"]
+    by_status: dict[str, int] = {}
+    if quilts:
+        by_status = dict(
+            s.execute(
+                select(Memory.status, func.count())
+                .where(
+                    Memory.blob_pk.in_(quilts),
+                    Memory.status.in_([MemoryStatus.ACTIVE, MemoryStatus.PAUSED]),
+                )
+                .group_by(Memory.status)
+            ).all()
+        )
+    pending = [b.pending_renewal_id for b in blobs.values() if b.pending_renewal_id is not None]
+    extends_to = (
+        s.scalar(
+            select(func.max(RenewalItem.new_end_epoch)).where(
+                RenewalItem.renewal_id.in_(pending), RenewalItem.blob_pk.in_(list(blobs))
+            )
+        )
+        if pending
+        else None
+    )
+    writing = [m for m, b in rows if b is None]
+    kept_copy = None
+    if writing:
+        kept_copy = s.scalar(
+            select(Memory.id)
+            .where(
+                Memory.account_id == account_id,
+                Memory.content_hash.in_({m.content_hash for m in writing}),
+                Memory.status.in_([MemoryStatus.ACTIVE, MemoryStatus.PAUSED]),
+            )
+            .limit(1)
+        )
+    packs = getattr(rt.relayer, "packs", None)
+    return _Facts(
+        stopped=int(stopped or 0),
+        ends=[b.end_epoch for b in blobs.values()],
+        extends_to=extends_to,
+        quilt_active=int(by_status.get(MemoryStatus.ACTIVE, 0)),
+        quilt_paused=int(by_status.get(MemoryStatus.PAUSED, 0)),
+        kept_copy=kept_copy,
+        may_pack=bool(packs and any(packs(m.size_bytes) for m in writing)),
+        initial_epochs=rt.settings.initial_epochs,
+    )
+
+
+_QUILT_STAYS = (
+    "its encrypted patch stays on Walrus while that quilt is renewed (you are no longer "
+    "billed for it), until the quilt is re-packed without it or lapses"
+)
+_KEY = "Only someone holding your account's key can decrypt it."
+
+
+def _note(f: _Facts, info: EpochInfo, now: datetime) -> str:
+    copies = f"{f.stopped} memories sharing this blob" if f.stopped > 1 else "this memory"
     head = (
         f"Renewal stopped for {copies}; it no longer appears in recall or export. "
         "Walrus has no hard delete: the encrypted blob is not erased on chain"
     )
-    if not ends:
-        return (
-            head
-            + "; it is still being written and will lapse at the end of its initial paid epochs."
+    if not f.ends:
+        if f.kept_copy:
+            return (
+                f"{head}. It is still being written; an identical memory you keep "
+                f"({f.kept_copy}) holds the same encrypted content, which stays on Walrus "
+                f"while you keep that memory. {_KEY}"
+            )
+        lapse = (
+            f"it lapses at the end of its initial paid epochs ({f.initial_epochs} epochs "
+            "after it lands)"
         )
-    if neighbours:
+        if f.may_pack:
+            return (
+                f"{head}. It is still being written. If it lands packed in a Walrus quilt "
+                "with other memories of yours, " + _QUILT_STAYS + " — the quilt is renewed "
+                f"for as long as you keep any of them; otherwise {lapse}. {_KEY}"
+            )
+        return f"{head}; it is still being written and {lapse}. {_KEY}"
+    if f.quilt_active:
         return (
-            f"{head}. It is packed in a Walrus quilt with {neighbours} other active "
-            "memories that are still renewed, so its encrypted patch stays on Walrus while "
-            "that quilt is renewed (you are no longer billed for it), until the quilt is "
-            "re-packed without it or lapses. Only someone holding your account's key can "
-            "decrypt it."
+            f"{head}. It is packed in a Walrus quilt with {f.quilt_active} other active "
+            f"memories that are still renewed, so {_QUILT_STAYS}. {_KEY}"
         )
-    end = max(ends)
+    end = max([*f.ends, f.extends_to or 0])
     when = approx_epoch_start(info, end, now).strftime("%Y-%m-%d %H:%M UTC")
-    return (
-        f"{head} — it stays retrievable by blob_id until its paid storage ends at epoch {end} "
-        f"(about {when}), then lapses. Only someone holding your account's key can decrypt it."
+    lapse = f"its paid storage ends at epoch {end} (about {when})" + (
+        ", where a renewal already under way when you forgot it takes it"
+        if f.extends_to and f.extends_to > max(f.ends)
+        else ""
     )
+    if f.quilt_paused:
+        return (
+            f"{head}. It is packed in a Walrus quilt with {f.quilt_paused} other paused "
+            "memories: the quilt is renewed again only if they resume (when credits "
+            f"arrive), and then {_QUILT_STAYS}; otherwise it stays retrievable by blob_id "
+            f"until {lapse}, then lapses. {_KEY}"
+        )
+    return f"{head} — it stays retrievable by blob_id until {lapse}, then lapses. {_KEY}"

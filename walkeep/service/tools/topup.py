@@ -57,7 +57,7 @@ from walkeep.ledger import MC_PER_CREDIT, Kind
 from walkeep.payments.base import CheckoutRequest, PaymentEvent, ProviderSession
 from walkeep.payments.local import LocalPayments, local_session_id
 from walkeep.service import alerts
-from walkeep.service.pausing import current_epoch_or_none, resume_paused
+from walkeep.service.pausing import renewal_reach, resume_paused
 from walkeep.service.runtime import Runtime
 from walkeep.service.tools.schemas import TopUpResult
 
@@ -466,7 +466,7 @@ def credit_checkout(
     row.payment_status = "paid"
     row.credited_entry_id = entry.id
     row.updated_at = s.info["clock"].now()
-    resume_paused(s, row.account_id, current_epoch_or_none(rt))
+    resume_paused(s, row.account_id, renewal_reach(rt))
     # --- alert (same transaction as the credit) ---
     if not entry.replayed:
         alerts.emit(
