@@ -205,11 +205,38 @@ def _claim(rt: Runtime, account_id: str, trigger: str, burn: int, shortfall_mc: 
         return Evaluation("pending", "a charge is pending")
 
 
+def _precheck(rt: Runtime, account_id: str, burn: int, shortfall_mc: int) -> Evaluation | None:
+    """The same questions as the claim, read without a lock or a write transaction: an
+    answer when the claim would surely do nothing (the common case, every minute for
+    every account), None when it must look under the lock."""
+    now = rt.clock.now()
+    with rt.db.read() as s:
+        row = s.get(AutoTopUp, account_id)
+        if row is None or row.status != "active":
+            return Evaluation("off", "automatic top-up is not active")
+        if not autotopup.usable_card(rt, row) or row.monthly_cap_cents is None:
+            return Evaluation("off", "no usable saved card or no monthly cap")
+        if _pending(s, account_id) is not None:
+            return Evaluation("pending", "a charge is pending")
+        blocked = _blocked(rt, s, row, now)
+        if blocked:
+            return Evaluation("waiting", blocked)
+        decision = topup_rule.decide(_inputs(s, row, burn, shortfall_mc, now))
+        if decision.action == "none":
+            return Evaluation("none", decision.reason)
+        if decision.action == "cap_reached" and row.cap_alert_month == topup_rule.month_of(now):
+            return Evaluation("cap_reached", decision.reason)  # already said this month
+    return None
+
+
 def evaluate(
     rt: Runtime, account_id: str, *, trigger: str = "schedule", shortfall_mc: int = 0
 ) -> Evaluation:
     """Evaluate the rule for one account and, if it says so, claim and make one charge."""
     burn, _runway = renewal_burn_mc_per_epoch(rt, account_id)
+    early = _precheck(rt, account_id, burn, shortfall_mc)
+    if early is not None:
+        return early
     claimed = _claim(rt, account_id, trigger, burn, shortfall_mc)
     if claimed.action != "charged" or claimed.charge_id is None:
         return claimed
