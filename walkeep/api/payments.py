@@ -133,8 +133,7 @@ def _error_page(exc: WalkeepError, *, test_mode: bool = True) -> HTMLResponse:
 
 def _summary(st: CheckoutStatus) -> str:
     what = (
-        f'<div class="amount">Save a card</div><p>For automatic top-up of account <b>'
-        f"{html.escape(st.account_name)}</b> "
+        f"<p>For automatic top-up of account <b>{html.escape(st.account_name)}</b> "
         if st.mode == "setup"
         else f'<div class="amount">${html.escape(st.amount_usd)} '
         f"{html.escape(st.currency.upper())}</div>"
@@ -228,7 +227,11 @@ async def checkout_page(checkout_id: str, request: Request) -> HTMLResponse:
             + f"<button type=submit>{button}</button>"
             '<p class="muted">Simulated payment: no card, no charge.</p></form>'
         )
-    return _page("Add Walkeep credits", body, test_mode=True)
+    return _page(_title(st), body, test_mode=True)
+
+
+def _title(st: CheckoutStatus) -> str:
+    return "Save a card" if st.mode == "setup" else "Add Walkeep credits"
 
 
 @router.post("/checkout/{checkout_id}/pay", response_class=HTMLResponse, include_in_schema=False)
