@@ -30,6 +30,10 @@ a Customer per account; Checkout in payment mode with
 error (HTTP 402) is an answer, classed here from Stripe's ``code``, ``decline_code`` and
 ``advice_code`` into declined / hard_declined / authentication_required, so nothing
 above this file knows Stripe's vocabulary.
+
+Why one file: the whole Stripe adapter — every call Walkeep makes, the parameters it
+builds and the translation of every error — so the one place that knows Stripe's
+vocabulary is read in one sitting.
 """
 
 from __future__ import annotations

@@ -37,6 +37,11 @@ recorded on the charge as a shortfall and alerted (``payment.reversed``). A disp
 disables automatic top-up.
 
 Lock order everywhere: the account's ``auto_top_ups`` row, then the charge row.
+
+Why one file: one charge row's life — claimed, checked again, sent, settled by whichever
+of three signals comes first, reconciled after a crash, reversed by a refund — and every
+step locks and reads it the same way; split, the lock order and the "credited once"
+argument would have to be read across files.
 """
 
 from __future__ import annotations
