@@ -644,3 +644,43 @@ def test_the_action_link_redirects_to_a_fresh_checkout(live) -> None:  # type: i
         assert st.amount_cents == 700 and st.save_card
         missing = h.get("/topup/action/atu_nope", follow_redirects=False)
         assert missing.status_code == 404
+
+
+def test_mcp_rest_and_the_client_carry_save_card_and_auto_top_up(live) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    from tests.test_mcp_e2e import call_ok, mcp_client
+    from walkeep.client import WalkeepClient
+
+    created = accounts.create_account(live.rt.db, "wired", credits_mc=0)
+
+    async def via_mcp() -> tuple[dict, dict]:  # type: ignore[type-arg]
+        async with mcp_client(live, created.api_key) as c:
+            tools = {t.name: t for t in (await c.list_tools()).tools}
+            top_up = tools["top_up"]
+            assert top_up.input_schema["properties"]["save_card"]["type"] == "boolean"
+            assert "save_card" in (top_up.description or "")
+            assert "auto_top_up" in (tools["check_balance"].description or "")
+            defs = tools["check_balance"].output_schema["$defs"]
+            assert set(defs["AutoTopUpView"]["properties"]) == AUTO_KEYS
+            link = await call_ok(
+                c, "top_up", {"amount_usd": 5, "request_id": "m-1", "save_card": True}
+            )
+            return link, await call_ok(c, "check_balance")
+
+    link, bal = asyncio.run(via_mcp())
+    assert topup.checkout_status(live.rt, link["checkout_url"].rsplit("/", 1)[1]).save_card
+    assert set(bal["auto_top_up"]) == AUTO_KEYS and bal["auto_top_up"]["status"] == "off"
+    with WalkeepClient(live.url, api_key=created.api_key) as wk:
+        again = wk.top_up("5.00", request_id="c-1", save_card=True)
+        assert topup.checkout_status(live.rt, again.checkout_url.rsplit("/", 1)[1]).save_card
+        plain = wk.top_up("5.00", request_id="c-2")
+        assert not topup.checkout_status(live.rt, plain.checkout_url.rsplit("/", 1)[1]).save_card
+        assert wk.check_balance().auto_top_up.status == "off"
+    with httpx.Client(base_url=live.url, timeout=10) as h:
+        r = h.post(
+            "/v1/top_up",
+            json={"amount_usd": "5.00", "request_id": "m-1", "save_card": False},
+            headers={"Authorization": f"Bearer {created.api_key}"},
+        )
+        assert r.status_code == 422 and "save_card differs" in r.json()["message"]

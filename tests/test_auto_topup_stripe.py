@@ -517,3 +517,37 @@ def test_charge_params_are_a_pure_function_of_the_row() -> None:
             "metadata": {"account_id": "acct_1", "walkeep_charge_id": "atu_1"},
         }
     )
+
+
+def test_a_card_saved_in_test_mode_is_never_charged_through_stripe(
+    srt: Runtime, fake: FakeStripe
+) -> None:
+    """Regression: switching from TEST MODE to Stripe kept the local customer id, so a
+    save_card checkout asked Stripe for a customer it never had."""
+    a = _kept(srt)
+    now = srt.clock.now()
+    with srt.db.begin() as s:
+        s.add(
+            AutoTopUp(
+                account_id=a,
+                status="active",
+                below_runway_epochs=4,
+                to_runway_epochs=12,
+                monthly_cap_cents=2000,
+                provider="local",
+                customer_id=f"cus_local_{a}",
+                payment_method_id="pm_test_succeeds_abc",
+                card_brand="visa",
+                card_last4="4242",
+                created_at=now,
+                updated_at=now,
+            )
+        )
+    assert balance.auto_top_up_view(srt, a).card is None  # not a card Stripe can charge
+    assert job.auto_top_up(srt).charged == 0
+    _save_card(srt, fake, a)
+    with srt.db.read() as s:
+        row = s.get(AutoTopUp, a)
+        assert row is not None and row.provider == "stripe"
+        assert row.customer_id in fake.customers
+    assert balance.auto_top_up_view(srt, a).card == "visa •••• 4242"

@@ -168,10 +168,11 @@ def ensure_customer(rt: Runtime, account_id: str) -> str:
             # Cards belong to a provider's customer: one from another provider is unusable.
             forget_card(row)
             row.provider = rt.payments.provider
-        if not row.customer_id or row.provider == rt.payments.provider:
-            row.customer_id = row.customer_id or customer
+            row.customer_id = customer
+        elif not row.customer_id:
+            row.customer_id = customer
         row.updated_at = rt.clock.now()
-        return row.customer_id or customer
+        return row.customer_id
 
 
 def card_label(row: AutoTopUp) -> str | None:
