@@ -52,13 +52,13 @@ def _account(srv: Server) -> tuple[str, str]:
     return created.account_id, created.api_key
 
 
-def _card(page: Any) -> Any:
-    return page.locator("#auto-top-up")
+def _card(pg: Any) -> Any:
+    return pg.locator("#auto-top-up")
 
 
-def _card_shot(page: Any, name: str) -> None:
+def _card_shot(pg: Any, name: str) -> None:
     if SHOTS:
-        _card(page).screenshot(path=str(Path(SHOTS) / name))
+        _card(pg).screenshot(path=str(Path(SHOTS) / name))
 
 
 def test_the_automatic_top_up_card(live: Server, page: Any) -> None:  # noqa: F811
