@@ -199,7 +199,7 @@ def test_worker_process_runs_jobs_and_stops_gracefully_on_sigterm(
     assert proc.stderr is not None
     deadline = time.monotonic() + 60
     jobs_seen: set[str] = set()
-    while time.monotonic() < deadline and len(jobs_seen) < 7:
+    while time.monotonic() < deadline and len(jobs_seen) < 8:
         line = proc.stderr.readline()
         if not line:
             break
@@ -218,6 +218,7 @@ def test_worker_process_runs_jobs_and_stops_gracefully_on_sigterm(
         "reconcile_payments",
         "deliver_alerts",
         "reindex",
+        "auto_top_up",
     }, lines
     # Regression (issue 13): the worker's metrics were never served.
     scraped = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10)

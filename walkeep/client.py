@@ -172,9 +172,16 @@ class WalkeepClient:
         return _parse(self._http.get("/v1/check_balance"), BalanceResult)
 
     def top_up(
-        self, amount_usd: Decimal | str | float, request_id: str | None = None
+        self,
+        amount_usd: Decimal | str | float,
+        request_id: str | None = None,
+        *,
+        save_card: bool = False,
     ) -> TopUpResult:
+        """A checkout link; ``save_card`` also saves the card for automatic top-up."""
         body = {"amount_usd": str(amount_usd), "request_id": _rid(request_id)}
+        if save_card:
+            body["save_card"] = True  # type: ignore[assignment]
         return _parse(self._http.post("/v1/top_up", json=body), TopUpResult)
 
     def forget(self, memory_id: str, request_id: str | None = None) -> ForgetResult:
@@ -269,9 +276,16 @@ class AsyncWalkeepClient:
         return _parse(await self._http.get("/v1/check_balance"), BalanceResult)
 
     async def top_up(
-        self, amount_usd: Decimal | str | float, request_id: str | None = None
+        self,
+        amount_usd: Decimal | str | float,
+        request_id: str | None = None,
+        *,
+        save_card: bool = False,
     ) -> TopUpResult:
+        """A checkout link; ``save_card`` also saves the card for automatic top-up."""
         body = {"amount_usd": str(amount_usd), "request_id": _rid(request_id)}
+        if save_card:
+            body["save_card"] = True  # type: ignore[assignment]
         return _parse(await self._http.post("/v1/top_up", json=body), TopUpResult)
 
     async def forget(self, memory_id: str, request_id: str | None = None) -> ForgetResult:

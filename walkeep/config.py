@@ -147,6 +147,21 @@ class Settings(BaseSettings):
         default=300, gt=0, description="Backfill of older memories' search terms (batch per run)."
     )
 
+    # --- automatic top-up (walkeep/service/autocharge.py) -----------------------------------
+    auto_top_up_interval_seconds: float = Field(
+        default=60,
+        gt=0,
+        description="How often the rule is evaluated (and at least twice an epoch).",
+    )
+    auto_top_up_min_interval_seconds: int = Field(
+        default=3600, ge=0, description="At most one automatic charge per account this often."
+    )
+    auto_top_up_retry_seconds: int = Field(
+        default=3600,
+        ge=1,
+        description="Wait after a declined charge, doubling per decline (disabled at the third).",
+    )
+
     # --- alerts (walkeep/service/alerts.py) -----------------------------------------------
     deliver_alerts_interval_seconds: float = Field(default=15, gt=0)
     alert_timeout_seconds: float = Field(

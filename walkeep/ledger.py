@@ -65,9 +65,14 @@ class Kind(StrEnum):
     CAPTURE = "capture"
     RELEASE = "release"
     DEBIT = "debit"
+    # A saved card charged automatically (walkeep/service/autocharge.py).
+    AUTO_TOPUP = "auto_topup"
+    # Credits taken back because the payment behind them was refunded or disputed.
+    REVERSAL = "reversal"
 
 
-CREDIT_KINDS = frozenset({Kind.TOPUP, Kind.GRANT, Kind.ADJUSTMENT})
+CREDIT_KINDS = frozenset({Kind.TOPUP, Kind.GRANT, Kind.ADJUSTMENT, Kind.AUTO_TOPUP})
+DEBIT_KINDS = frozenset({Kind.DEBIT, Kind.REVERSAL})
 
 
 class LedgerConflict(Exception):
@@ -207,7 +212,7 @@ def recompute(session: Session, account_id: str) -> Balance:
     ):
         if kind in CREDIT_KINDS:
             bal += amount
-        elif kind == Kind.DEBIT:
+        elif kind in DEBIT_KINDS:
             bal -= amount
         elif kind == Kind.HOLD:
             held += amount
@@ -389,11 +394,19 @@ def hold_entry_params(
 
 
 def debit(
-    session: Session, account_id: str, amount_mc: int, *, ref: str, memo: str | None = None
+    session: Session,
+    account_id: str,
+    amount_mc: int,
+    *,
+    ref: str,
+    memo: str | None = None,
+    kind: Kind = Kind.DEBIT,
 ) -> Entry:
     """Spend credits directly (no hold); refuses to touch held credits."""
+    if kind not in DEBIT_KINDS:
+        raise ValueError(f"{kind} is not a debit kind")
     _positive(amount_mc)
-    return _post(session, account_id, Kind.DEBIT, amount_mc, ref, memo, _DEBIT)
+    return _post(session, account_id, kind, amount_mc, ref, memo, _DEBIT)
 
 
 def capture(

@@ -48,15 +48,16 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup, escape
 from starlette.concurrency import run_in_threadpool
 
-from walkeep import __version__, ids, ledger
+from walkeep import __version__, ids, ledger, topup_rule
 from walkeep.api import charts
 from walkeep.config import Settings
 from walkeep.errors import Internal, Unauthorized, WalkeepError
 from walkeep.service import alerts
 from walkeep.service.operators import accounts, statements, verify
+from walkeep.service.operators import autotopup as auto_svc
 from walkeep.service.operators import console as svc
 from walkeep.service.runtime import Runtime
-from walkeep.service.tools import topup
+from walkeep.service.tools import balance, topup
 from walkeep.service.tools.views import short_duration
 
 log = logging.getLogger(__name__)
@@ -608,6 +609,8 @@ async def _account_response(
     )
     alert_settings = await run_in_threadpool(alerts.get_alert_settings, rt, account_id)
     deliveries = await run_in_threadpool(alerts.recent_deliveries, rt, account_id, 10)
+    auto = await run_in_threadpool(balance.auto_top_up_view, rt, account_id)
+    auto_charges = await run_in_threadpool(auto_svc.recent_charges, rt, account_id, 10)
     today = rt.clock.now().date()
     return _render(
         rt,
@@ -629,6 +632,9 @@ async def _account_response(
         alerts=alert_settings,
         deliveries=deliveries,
         new_secret=new_secret,
+        auto=auto,
+        auto_charges=auto_charges,
+        consent_text=topup_rule.CONSENT_TEXT,
     )
 
 
@@ -729,6 +735,89 @@ async def console_top_up(request: Request) -> Response:
             rt, request, session, session.account_id, error=exc.message, status_code=422
         )
     return RedirectResponse(result.checkout_url, status_code=303)
+
+
+def _int_field(form: dict[str, str], name: str) -> int | str:
+    """A whole number from a form, or the text as typed (the service names what is wrong)."""
+    text = form.get(name, "").strip()
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+@router.post("/console/auto-top-up", response_model=None)
+async def console_auto_top_up(request: Request) -> Response:
+    """Turn automatic top-up on with a rule (needs a saved card and a monthly cap), or off."""
+    rt = _runtime(request)
+    try:
+        session = await _signed_in(rt, request)
+        form = await _form(request)
+        _check_csrf(session, form)
+    except _Refused as exc:
+        return _refused(rt, request, exc)
+    account_id = form.get("account_id") if session.role == "admin" else session.account_id
+    if not account_id:
+        return _refused(rt, request, _Refused(400, "No account", "Choose an account first."))
+    try:
+        if form.get("action") == "off":
+            await run_in_threadpool(auto_svc.turn_off, rt, account_id)
+        else:
+            await run_in_threadpool(
+                functools.partial(
+                    auto_svc.set_rule,
+                    rt,
+                    account_id,
+                    below_runway_epochs=_int_field(form, "below_runway_epochs"),  # type: ignore[arg-type]
+                    to_runway_epochs=_int_field(form, "to_runway_epochs"),  # type: ignore[arg-type]
+                    monthly_cap_usd=form.get("monthly_cap_usd", "").strip(),
+                )
+            )
+    except WalkeepError as exc:
+        return await _account_response(
+            rt, request, session, account_id, error=exc.message, status_code=422
+        )
+    target = "/console/account" if session.role == "account" else f"/console/accounts/{account_id}"
+    return RedirectResponse(f"{target}#auto-top-up", status_code=303)
+
+
+@router.post("/console/auto-top-up/card", response_model=None)
+async def console_auto_top_up_card(request: Request) -> Response:
+    """Add or replace the saved card: a checkout in setup mode (nothing is charged)."""
+    rt = _runtime(request)
+    try:
+        session = await _signed_in(rt, request, role="account")
+        _check_csrf(session, await _form(request))
+    except _Refused as exc:
+        return _refused(rt, request, exc)
+    assert session.account_id is not None
+    try:
+        url = await run_in_threadpool(auto_svc.card_link, rt, session.account_id)
+    except WalkeepError as exc:
+        return await _account_response(
+            rt, request, session, session.account_id, error=exc.message, status_code=422
+        )
+    return RedirectResponse(url, status_code=303)
+
+
+@router.post("/console/auto-top-up/portal", response_model=None)
+async def console_auto_top_up_portal(request: Request) -> Response:
+    """Manage the saved card on the provider's Customer Portal (a link minted on click)."""
+    rt = _runtime(request)
+    try:
+        session = await _signed_in(rt, request, role="account")
+        _check_csrf(session, await _form(request))
+    except _Refused as exc:
+        return _refused(rt, request, exc)
+    assert session.account_id is not None
+    back = f"{rt.settings.public_url.rstrip('/')}/console/account#auto-top-up"
+    try:
+        url = await run_in_threadpool(auto_svc.portal_link, rt, session.account_id, back)
+    except WalkeepError as exc:
+        return await _account_response(
+            rt, request, session, session.account_id, error=exc.message, status_code=422
+        )
+    return RedirectResponse(url, status_code=303)
 
 
 def _statement_response(rt: Runtime, request: Request, account_id: str) -> Response:

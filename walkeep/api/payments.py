@@ -10,7 +10,12 @@ re-retrieved (Stripe retries later), and 200 otherwise — including duplicates
 and events we don't act on, so Stripe stops retrying them.
 
 The checkout pages only exist for the local provider and say TEST MODE in
-large letters: no money moves, the Pay button just credits the account.
+large letters: no money moves, the Pay button just credits the account. A checkout
+that saves a card (``top_up`` with ``save_card``, or the console's "add a card")
+shows what the human consents to and lets the operator pick how the saved TEST MODE
+card behaves later. ``/topup/action/<charge>`` is the link an automatic charge that
+needs its card holder offers: it opens a checkout for the same amount (on Stripe or
+here) and redirects to it.
 Service calls are blocking (database, provider HTTP), so they run in the
 thread pool, never on the event loop.
 """
@@ -22,20 +27,23 @@ import logging
 from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from walkeep.api.console import operator_for
 from walkeep.errors import NotFound, WalkeepError
 from walkeep.payments.base import InvalidSignature, MalformedEvent
+from walkeep.payments.local import TEST_CARDS
 from walkeep.service.runtime import Runtime
 from walkeep.service.tools.topup import (
     CheckoutStatus,
+    action_checkout,
     checkout_status,
     handle_stripe_webhook,
     issue_pay_token,
     pay_local,
 )
+from walkeep.topup_rule import CONSENT_TEXT
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +97,8 @@ button{font-size:1.1rem;padding:.6rem 1.4rem;border-radius:.4rem;border:0;backgr
 .muted{color:#666;font-size:.9rem}
 .ok{color:#0a7d32;font-weight:700}
 .err{color:#b00020;font-weight:700}
+.consent{border-left:3px solid #635bff;padding-left:.8rem;font-size:.95rem}
+select{font-size:1rem;padding:.3rem;max-width:100%}
 """
 
 _TEST_MODE_BANNER = (
@@ -122,12 +132,37 @@ def _error_page(exc: WalkeepError, *, test_mode: bool = True) -> HTMLResponse:
 
 
 def _summary(st: CheckoutStatus) -> str:
-    return (
-        f'<div class="amount">${html.escape(st.amount_usd)} '
+    what = (
+        f"<p>For automatic top-up of account <b>{html.escape(st.account_name)}</b> "
+        if st.mode == "setup"
+        else f'<div class="amount">${html.escape(st.amount_usd)} '
         f"{html.escape(st.currency.upper())}</div>"
         f"<p>Walkeep credits for account <b>{html.escape(st.account_name)}</b> "
-        f'<span class="muted">({html.escape(st.account_id)})</span></p>'
+    )
+    return (
+        what + f'<span class="muted">({html.escape(st.account_id)})</span></p>'
         f'<p class="muted">Checkout {html.escape(st.checkout_id)}</p>'
+    )
+
+
+_CARD_LABELS = {
+    "succeeds": "succeeds (like 4242 4242 4242 4242)",
+    "declines": "declines, retryable (like 4000 0000 0000 0002)",
+    "authentication_required": "needs authentication off-session (like 4000 0027 6000 3184)",
+}
+
+
+def _save_card_fields() -> str:
+    """The consent (what saving the card allows) and, in TEST MODE, the card's behaviour."""
+    options = "".join(
+        f'<option value="{b}"{" selected" if b == "succeeds" else ""}>'
+        f"{html.escape(_CARD_LABELS.get(b, b))}</option>"
+        for b in TEST_CARDS
+    )
+    return (
+        f'<p class="consent" data-testid="consent">{html.escape(CONSENT_TEXT)}</p>'
+        '<p><label for="test_card">The saved TEST MODE card, when charged later, '
+        f'</label><select id="test_card" name="test_card">{options}</select></p>'
     )
 
 
@@ -181,13 +216,22 @@ async def checkout_page(checkout_id: str, request: Request) -> HTMLResponse:
             token = await run_in_threadpool(issue_pay_token, rt, checkout_id)
         except WalkeepError as exc:
             return _error_page(exc)
+        if st.mode == "setup":
+            button = "Save test card (TEST MODE)"
+        else:
+            button = f"Pay ${html.escape(st.amount_usd)} (TEST MODE)"
         body = _summary(st) + (
             f'<form class="box" method="post" action="/checkout/{cid}/pay">'
             f'<input type="hidden" name="pay_token" value="{html.escape(token, quote=True)}">'
-            f"<button type=submit>Pay ${html.escape(st.amount_usd)} (TEST MODE)</button>"
+            + (_save_card_fields() if st.save_card else "")
+            + f"<button type=submit>{button}</button>"
             '<p class="muted">Simulated payment: no card, no charge.</p></form>'
         )
-    return _page("Add Walkeep credits", body, test_mode=True)
+    return _page(_title(st), body, test_mode=True)
+
+
+def _title(st: CheckoutStatus) -> str:
+    return "Save a card" if st.mode == "setup" else "Add Walkeep credits"
 
 
 @router.post("/checkout/{checkout_id}/pay", response_class=HTMLResponse, include_in_schema=False)
@@ -199,6 +243,7 @@ async def checkout_pay(checkout_id: str, request: Request) -> HTMLResponse:
     except ValueError:
         form = {}
     token = next(iter(form.get("pay_token") or []), None)
+    test_card = next(iter(form.get("test_card") or []), None)
     try:
         st = await _local_status(rt, checkout_id)
         if not await operator_for(rt, request, st.account_id):
@@ -208,21 +253,47 @@ async def checkout_pay(checkout_id: str, request: Request) -> HTMLResponse:
                 test_mode=True,
                 status_code=403,
             )
-        credited = await run_in_threadpool(pay_local, rt, checkout_id, token)
+        credited = await run_in_threadpool(pay_local, rt, checkout_id, token, test_card)
         st = await run_in_threadpool(checkout_status, rt, checkout_id)
     except WalkeepError as exc:
         return _error_page(exc)
-    if credited:
+    if st.mode == "setup":
+        message = '<p class="ok">The test card was saved.</p>'
+    elif credited:
         message = f'<p class="ok">Paid. ${html.escape(st.amount_usd)} of credits were added.</p>'
     else:
         message = '<p class="ok">Already paid — nothing was charged or credited twice.</p>'
+    if st.card_saved:
+        message += (
+            '<p data-testid="card-saved">The card is saved for automatic top-up, which only '
+            "the account's operator can turn on (with a monthly cap) in the console.</p>"
+        )
     body = (
         _summary(st)
         + f'<div class="box">{message}'
         + "<p>Paused memories resume automatically.</p></div>"
         + _BACK_TO_CONSOLE
     )
-    return _page("Credits added" if credited else "Already paid", body, test_mode=True)
+    title = (
+        "Card saved" if st.mode == "setup" else ("Credits added" if credited else "Already paid")
+    )
+    return _page(title, body, test_mode=True)
+
+
+@router.get("/topup/action/{charge_id}", include_in_schema=False, response_model=None)
+async def topup_action(charge_id: str, request: Request) -> Response:
+    """An automatic charge that needs its card holder: a checkout for the same amount
+    that saves the card again, opened now (Checkout links expire; this one does not)."""
+    rt = _runtime(request)
+    try:
+        url = await run_in_threadpool(action_checkout, rt, charge_id)
+    except WalkeepError as exc:
+        return _error_page(exc, test_mode=rt.payments.provider == "local")
+    return RedirectResponse(
+        url,
+        status_code=303,
+        headers={"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"},
+    )
 
 
 @router.get("/topup/done", response_class=HTMLResponse, include_in_schema=False)

@@ -139,6 +139,10 @@ class TopUpIn(_In):
         description="Dollars, 0.50 to 10,000, at most two decimals.",
     )
     request_id: str = Field(min_length=1, max_length=255, pattern=NON_BLANK_IDENT)
+    save_card: bool = Field(
+        default=False,
+        description="Also save the card for automatic top-up (never turns it on).",
+    )
 
 
 class ForgetIn(_In):
@@ -198,7 +202,13 @@ async def top_up_route(body: TopUpIn, who: Auth, rt: Rt) -> TopUpResult:
     from walkeep.service.tools import topup
 
     return await call(  # type: ignore[no-any-return]
-        rt, who, "top_up", topup.top_up, amount_usd=body.amount_usd, request_id=body.request_id
+        rt,
+        who,
+        "top_up",
+        topup.top_up,
+        amount_usd=body.amount_usd,
+        request_id=body.request_id,
+        save_card=body.save_card,
     )
 
 

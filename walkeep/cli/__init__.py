@@ -6,7 +6,7 @@ status, never a traceback.
 
 This module is the command tree, in the order ``walkeep --help`` lists it; each command
 lives in the module of its group (``accounts``, ``serve``, ``network``, ``statement``,
-``index``, ``alerts``, ``verify``) and what they share in ``_common``. Imports of the
+``index``, ``alerts``, ``autotopup``, ``verify``) and what they share in ``_common``. Imports of the
 database, the service layer and the runtime are lazy (inside the commands):
 ``walkeep --version``, ``--help`` and the ``walkeep mcp --url`` bridge must start fast and
 never load models, an ONNX runtime or the local network.
@@ -20,7 +20,7 @@ from typing import Annotated, Any
 import typer
 
 from walkeep import __version__
-from walkeep.cli import accounts, alerts, index, network, serve, statement, verify
+from walkeep.cli import accounts, alerts, autotopup, index, network, serve, statement, verify
 from walkeep.cli._common import CliError, _first_line
 from walkeep.errors import ConfigurationError, WalkeepError
 
@@ -36,6 +36,9 @@ key_app = typer.Typer(help="Create and revoke API keys.", no_args_is_help=True)
 credits_app = typer.Typer(help="Grant credits.", no_args_is_help=True)
 index_app = typer.Typer(help="Recall's search index (derived data).", no_args_is_help=True)
 alerts_app = typer.Typer(help="Webhook alerts before anything pauses.", no_args_is_help=True)
+auto_top_up_app = typer.Typer(
+    help="Automatic top-up: charge a saved card when runway runs low.", no_args_is_help=True
+)
 
 
 def _print_version(value: bool) -> None:
@@ -93,6 +96,11 @@ alerts_app.command("set")(alerts.alerts_set)
 alerts_app.command("show")(alerts.alerts_show)
 alerts_app.command("test")(alerts.alerts_test)
 alerts_app.command("remove")(alerts.alerts_remove)
+
+app.add_typer(auto_top_up_app, name="auto-top-up")
+auto_top_up_app.command("set")(autotopup.auto_top_up_set)
+auto_top_up_app.command("show")(autotopup.auto_top_up_show)
+auto_top_up_app.command("off")(autotopup.auto_top_up_off)
 
 
 def build_command() -> Any:

@@ -382,6 +382,15 @@ class CheckoutSession(Base):
     # Local TEST MODE only: SHA-256 (hex) of the one-time token on the last rendered
     # checkout page; the Pay action must present it (cleared once used).
     pay_token_hash: Mapped[str | None] = mapped_column(String(64))
+    # Automatic top-up (migration 0020): "payment" credits the amount; "setup" only saves a
+    # card (amount 0). ``save_card``: the payment also saves the card for off-session use,
+    # for ``customer_id`` (fixed here so a replay sends identical parameters). Local TEST
+    # MODE keeps the saved test card's behaviour the operator picked on the page.
+    mode: Mapped[str] = mapped_column(String(8), default="payment", server_default="payment")
+    save_card: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    customer_id: Mapped[str | None] = mapped_column(String(255))
+    test_card: Mapped[str | None] = mapped_column(String(32))
+    card_saved_at: Mapped[datetime | None]
     expires_at: Mapped[datetime]
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
@@ -568,6 +577,8 @@ class JobRun(Base):
 __all__ = [
     "Account",
     "ApiKey",
+    "AutoCharge",
+    "AutoTopUp",
     "Base",
     "Blob",
     "CheckoutSession",
@@ -646,3 +657,90 @@ class AlertDelivery(Base):
     attempted_at: Mapped[datetime]
 
     __table_args__ = (Index(None, "account_id", "attempted_at"),)
+
+
+class AutoTopUp(Base):
+    """An account's automatic top-up: the rule, the saved card and its consent, the state.
+
+    ``status`` is off | active | action_required | disabled (walkeep/topup_rule.py). Never
+    active without a card and a monthly cap; only an operator turns it on
+    (walkeep/service/operators/autotopup.py). The card is the provider's payment method
+    id, kept with what a person recognises (brand, last four) and the consent given when
+    it was saved (when, which text, through what).
+    """
+
+    __tablename__ = "auto_top_ups"
+
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), primary_key=True)
+    status: Mapped[str] = mapped_column(String(20), default="off", server_default="off")
+    below_runway_epochs: Mapped[int | None] = mapped_column(Integer)
+    to_runway_epochs: Mapped[int | None] = mapped_column(Integer)
+    monthly_cap_cents: Mapped[int | None] = mapped_column(BigInteger)
+    provider: Mapped[str | None] = mapped_column(String(16))
+    customer_id: Mapped[str | None] = mapped_column(String(255))
+    payment_method_id: Mapped[str | None] = mapped_column(String(255))
+    card_brand: Mapped[str | None] = mapped_column(String(32))
+    card_last4: Mapped[str | None] = mapped_column(String(4))
+    consent_at: Mapped[datetime | None]
+    consent_version: Mapped[str | None] = mapped_column(String(32))
+    consent_source: Mapped[str | None] = mapped_column(String(100))
+    consecutive_declines: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Declined: no automatic retry before this (the back-off).
+    next_attempt_at: Mapped[datetime | None]
+    reason: Mapped[str | None] = mapped_column(String(500))
+    # action_required: the charge whose authentication the card holder must complete.
+    action_charge_id: Mapped[str | None] = mapped_column(String(32))
+    # The UTC month (YYYY-MM) whose auto_top_up.cap_reached alert was sent (once a month).
+    cap_alert_month: Mapped[str | None] = mapped_column(String(7))
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+    __table_args__ = (Index(None, "status"), Index(None, "payment_method_id"))
+
+
+class AutoCharge(Base):
+    """One automatic charge of a saved card, claimed here *before* the provider is called.
+
+    Every parameter the provider sees (amount, card, customer, idempotency key) is fixed
+    in the row, so a retry after a crash or a timeout replays the identical request.
+    ``pending_account_id`` is the account id while the charge is pending and NULL once it
+    settles: UNIQUE, so an account has at most one pending charge on either database
+    (both allow any number of NULLs). ``inputs`` are what the rule saw when it decided.
+    """
+
+    __tablename__ = "auto_charges"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    pending_account_id: Mapped[str | None] = mapped_column(String(32), unique=True)
+    amount_cents: Mapped[int] = mapped_column(BigInteger)
+    currency: Mapped[str] = mapped_column(String(3))
+    provider: Mapped[str] = mapped_column(String(16))
+    customer_id: Mapped[str] = mapped_column(String(255))
+    payment_method_id: Mapped[str] = mapped_column(String(255))
+    idempotency_key: Mapped[str] = mapped_column(String(255), unique=True)
+    payment_intent_id: Mapped[str | None] = mapped_column(String(255), unique=True)
+    # pending | succeeded | declined | authentication_required | canceled (never sent)
+    status: Mapped[str] = mapped_column(String(24))
+    # declined | hard_declined | authentication_required
+    failure: Mapped[str | None] = mapped_column(String(24))
+    decline_code: Mapped[str | None] = mapped_column(String(64))
+    message: Mapped[str | None] = mapped_column(String(500))
+    trigger: Mapped[str] = mapped_column(String(16))  # schedule | renewal
+    inputs: Mapped[dict[str, Any]] = mapped_column(JSON)
+    credited_entry_id: Mapped[int | None] = mapped_column(BigId, ForeignKey("ledger_entries.id"))
+    # Refunds and disputes the provider reported (cumulative), and what they took back:
+    # debited from the balance, or recorded as a shortfall (the balance never goes below 0).
+    refunded_cents: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    disputed_cents: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    reversed_mc: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    reversal_shortfall_mc: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    created_at: Mapped[datetime]
+    submitted_at: Mapped[datetime | None]
+    settled_at: Mapped[datetime | None]
+    updated_at: Mapped[datetime]
+
+    __table_args__ = (
+        Index(None, "account_id", "created_at"),
+        Index(None, "status", "created_at"),
+    )

@@ -463,8 +463,11 @@ def build_mcp(
     )
     async def check_balance_tool() -> Annotated[CallToolResult, BalanceResult]:
         """Credits left (1 credit = 1 US cent), in dollars, roughly how many more memories
-        that buys, and how long current memories stay renewed at this balance. Free. Check
-        it before large batches of stores; if it is low, ask your operator to top up."""
+        that buys, and how long current memories stay renewed at this balance, and
+        auto_top_up: whether a saved card is charged automatically when runway runs low.
+        Free. Check it before large batches of stores; if it is low, ask your operator to
+        top up. If auto_top_up.status is "action_required", hand auto_top_up.action_url
+        to your human: the bank wants them to confirm a charge."""
         return await run("check_balance", balance.check_balance)
 
     @mcp.tool(
@@ -483,16 +486,32 @@ def build_mcp(
             Field(gt=0, description="Dollars to add (0.50 to 10,000, at most two decimals)."),
         ],
         request_id: RequestId,
+        save_card: Annotated[
+            bool,
+            Field(
+                description="Also save the card for automatic top-up. The checkout page tells "
+                "the human what they consent to; saving a card does not turn automatic "
+                "top-up on (only the operator can, with a monthly cap)."
+            ),
+        ] = False,
     ) -> Annotated[CallToolResult, TopUpResult]:
         """Create a checkout link to add prepaid credits. Agents cannot pay: give the
         returned checkout_url to your human operator. Use after INSUFFICIENT_BALANCE (its
         data.top_up suggests an amount), then replay the failed store with its original
-        request_id once paid. Idempotent per request_id: a replay returns the same link.
-        Errors: VALIDATION_ERROR (amount out of bounds), PAYMENTS_UNAVAILABLE (retry with
-        the same request_id)."""
+        request_id once paid. With save_card=true the same checkout also saves the card so
+        the operator can turn on automatic top-up (check_balance.auto_top_up shows it).
+        Idempotent per request_id: a replay returns the same link. Errors:
+        VALIDATION_ERROR (amount out of bounds), PAYMENTS_UNAVAILABLE (retry with the same
+        request_id)."""
         from walkeep.service.tools import topup
 
-        return await run("top_up", topup.top_up, amount_usd=amount_usd, request_id=request_id)
+        return await run(
+            "top_up",
+            topup.top_up,
+            amount_usd=amount_usd,
+            request_id=request_id,
+            save_card=save_card,
+        )
 
     @mcp.tool(
         name="forget",

@@ -21,6 +21,19 @@ adapter ever imports ``stripe``:
 
 Stripe objects are not dicts since stripe-python 15 (no ``.get()``); fields
 are read with ``in`` / ``[]`` only.
+
+Saved cards (automatic top-up, notes/stripe.md "Saved cards and off-session charges"):
+a Customer per account; Checkout in payment mode with
+``payment_intent_data.setup_future_usage="off_session"`` (pay and save) or in setup mode
+(save only), the consent text next to the button; off-session PaymentIntents
+(``off_session=true, confirm=true``) under the charge row's idempotency key. A card
+error (HTTP 402) is an answer, classed here from Stripe's ``code``, ``decline_code`` and
+``advice_code`` into declined / hard_declined / authentication_required, so nothing
+above this file knows Stripe's vocabulary.
+
+Why one file: the whole Stripe adapter — every call Walkeep makes, the parameters it
+builds and the translation of every error — so the one place that knows Stripe's
+vocabulary is read in one sitting.
 """
 
 from __future__ import annotations
@@ -42,11 +55,16 @@ from walkeep.errors import (
     WalkeepError,
 )
 from walkeep.payments.base import (
+    ChargeRequest,
+    ChargeResult,
     CheckoutRequest,
+    Failure,
     InvalidSignature,
     MalformedEvent,
     PaymentEvent,
     ProviderSession,
+    Reversals,
+    SavedCard,
 )
 
 log = logging.getLogger(__name__)
@@ -81,9 +99,34 @@ def _metadata(obj: Any) -> dict[str, str] | None:
     return {str(k): str(v) for k, v in raw.items()}
 
 
+def card_from_stripe(pm: Any) -> SavedCard | None:
+    """A ``SavedCard`` from an expanded PaymentMethod (None for an id or no card)."""
+    if pm is None or isinstance(pm, str):
+        return None
+    card = _field(pm, "card")
+    return SavedCard(
+        payment_method_id=str(pm["id"]),
+        brand=_field(card, "brand"),
+        last4=_field(card, "last4"),
+    )
+
+
+def _session_card(obj: Any) -> SavedCard | None:
+    """The card a completed session saved: its PaymentIntent's (payment mode) or its
+    SetupIntent's (setup mode) payment method, when the session was retrieved expanded."""
+    for intent_field in ("payment_intent", "setup_intent"):
+        intent = _field(obj, intent_field)
+        if intent is not None and not isinstance(intent, str):
+            card = card_from_stripe(_field(intent, "payment_method"))
+            if card is not None:
+                return card
+    return None
+
+
 def session_from_stripe(obj: Any) -> ProviderSession:
     """A ``ProviderSession`` from a ``stripe.checkout.Session`` (or its event copy)."""
     currency = _field(obj, "currency")
+    customer = _field(obj, "customer")
     return ProviderSession(
         session_id=str(obj["id"]),
         url=_field(obj, "url"),
@@ -93,6 +136,9 @@ def session_from_stripe(obj: Any) -> ProviderSession:
         currency=currency.lower() if isinstance(currency, str) else None,
         client_reference_id=_field(obj, "client_reference_id"),
         metadata=_metadata(obj),
+        mode=str(_field(obj, "mode") or "payment"),
+        customer_id=customer if isinstance(customer, str) else _field(customer, "id"),
+        card=_session_card(obj),
     )
 
 
@@ -103,7 +149,9 @@ def checkout_params(req: CheckoutRequest) -> dict[str, Any]:
     stored row: a replay under the same idempotency key sends identical
     parameters, which Stripe requires.
     """
-    return {
+    if req.mode == "setup":
+        return _setup_params(req)
+    params = {
         "mode": "payment",
         "client_reference_id": req.account_id,
         "line_items": [
@@ -125,6 +173,132 @@ def checkout_params(req: CheckoutRequest) -> dict[str, Any]:
         "cancel_url": req.cancel_url,
         "expires_at": int(req.expires_at.timestamp()),
     }
+    if req.save_card:
+        # Pay and save the card for later charges made without the customer present.
+        params.update(_save_card_params(req))
+        params["payment_intent_data"] = {
+            "setup_future_usage": "off_session",
+            "metadata": _metadata_of(req),
+        }
+    return params
+
+
+def _metadata_of(req: CheckoutRequest) -> dict[str, str]:
+    return {
+        "account_id": req.account_id,
+        "request_id": req.request_id,
+        "checkout_id": req.checkout_id,
+    }
+
+
+def _save_card_params(req: CheckoutRequest) -> dict[str, Any]:
+    if not req.customer_id:
+        raise ValueError("saving a card needs a customer")
+    out: dict[str, Any] = {"customer": req.customer_id, "payment_method_types": ["card"]}
+    if req.consent_text:
+        # Shown next to the Pay / Save button: what the customer agrees to.
+        out["custom_text"] = {"submit": {"message": req.consent_text}}
+    return out
+
+
+def _setup_params(req: CheckoutRequest) -> dict[str, Any]:
+    """A setup-mode session: save a card, charge nothing."""
+    return {
+        "mode": "setup",
+        "currency": req.currency.lower(),
+        "client_reference_id": req.account_id,
+        "metadata": _metadata_of(req),
+        "setup_intent_data": {"metadata": _metadata_of(req)},
+        "success_url": req.success_url,
+        "cancel_url": req.cancel_url,
+        "expires_at": int(req.expires_at.timestamp()),
+        **_save_card_params(req),
+    }
+
+
+def charge_params(req: ChargeRequest) -> dict[str, Any]:
+    """The off-session PaymentIntent for ``req``: a pure function of the charge row."""
+    return {
+        "amount": req.amount_cents,
+        "currency": req.currency.lower(),
+        "customer": req.customer_id,
+        "payment_method": req.payment_method_id,
+        "off_session": True,
+        "confirm": True,
+        "description": req.description,
+        "metadata": {"account_id": req.account_id, "walkeep_charge_id": req.charge_id},
+    }
+
+
+# A decline Stripe says never to retry (or that cannot succeed with this card).
+HARD_DECLINE_CODES = frozenset(
+    {
+        "lost_card",
+        "stolen_card",
+        "pickup_card",
+        "restricted_card",
+        "fraudulent",
+        "revocation_of_authorization",
+        "revocation_of_all_authorizations",
+        "stop_payment_order",
+        "invalid_account",
+        "new_account_information_available",
+        "expired_card",
+        "incorrect_number",
+        "invalid_number",
+        "card_not_supported",
+    }
+)
+HARD_ERROR_CODES = frozenset({"expired_card", "incorrect_number", "invalid_number"})
+
+
+def classify_failure(error: dict[str, Any]) -> Failure:
+    """Class a Stripe payment error (a 402 body's ``error``, or ``last_payment_error``)."""
+    code = error.get("code")
+    decline = error.get("decline_code")
+    if "authentication_required" in (code, decline):
+        return "authentication_required"
+    if (
+        error.get("advice_code") == "do_not_try_again"
+        or decline in HARD_DECLINE_CODES
+        or code in HARD_ERROR_CODES
+    ):
+        return "hard_declined"
+    return "declined"
+
+
+def charge_from_stripe(pi: Any) -> ChargeResult:
+    """A ``ChargeResult`` from a PaymentIntent (a StripeObject or its dict)."""
+    data = pi.to_dict() if hasattr(pi, "to_dict") else dict(pi)
+    status = data.get("status")
+    currency = data.get("currency")
+    common: dict[str, Any] = {
+        "payment_intent_id": data.get("id"),
+        "amount_cents": data.get("amount"),
+        "currency": currency.lower() if isinstance(currency, str) else None,
+        "metadata": {str(k): str(v) for k, v in (data.get("metadata") or {}).items()},
+    }
+    if status == "succeeded":
+        return ChargeResult(status="succeeded", **common)
+    if status == "requires_action":
+        return ChargeResult(
+            status="failed",
+            failure="authentication_required",
+            decline_code="authentication_required",
+            message="the card holder must authenticate this payment",
+            **common,
+        )
+    err = data.get("last_payment_error")
+    if status == "requires_payment_method" or status == "canceled" or err:
+        err = err if isinstance(err, dict) else {}
+        return ChargeResult(
+            status="failed",
+            failure=classify_failure(err) if err else "declined",
+            decline_code=err.get("decline_code") or err.get("code"),
+            message=err.get("message") or f"payment {status}",
+            **common,
+        )
+    return ChargeResult(status="pending", **common)  # processing, requires_confirmation …
 
 
 class StripePayments:
@@ -174,10 +348,118 @@ class StripePayments:
 
     def retrieve_session(self, session_id: str) -> ProviderSession:
         try:
-            obj = self.client.v1.checkout.sessions.retrieve(session_id)
+            obj = self.client.v1.checkout.sessions.retrieve(
+                session_id,
+                # The card a completed session saved comes with it (one request).
+                params={"expand": ["payment_intent.payment_method", "setup_intent.payment_method"]},
+            )
         except stripe.StripeError as exc:
             raise _translate(exc, "retrieve a Checkout Session", session_id=session_id) from exc
         return session_from_stripe(obj)
+
+    # --- saved cards -------------------------------------------------------------------
+
+    def ensure_customer(self, account_id: str, idempotency_key: str) -> str:
+        try:
+            obj = self.client.v1.customers.create(
+                params={
+                    "description": f"Walkeep account {account_id}",
+                    "metadata": {"account_id": account_id},
+                },
+                options={"idempotency_key": idempotency_key},
+            )
+        except stripe.StripeError as exc:
+            raise _translate(exc, "create a Customer") from exc
+        return str(obj["id"])
+
+    def charge(self, req: ChargeRequest) -> ChargeResult:
+        try:
+            obj = self.client.v1.payment_intents.create(
+                params=charge_params(req),  # type: ignore[arg-type]
+                options={"idempotency_key": req.idempotency_key},
+            )
+        except stripe.CardError as exc:
+            return _card_error(exc)
+        except stripe.InvalidRequestError as exc:
+            if exc.param in ("payment_method", "customer") and exc.http_status in (400, 404):
+                # The card (or customer) is gone: removed, or never attached. Retrying
+                # the same card can never succeed.
+                err = _error_body(exc)
+                return ChargeResult(
+                    payment_intent_id=None,
+                    status="failed",
+                    amount_cents=req.amount_cents,
+                    currency=req.currency,
+                    failure="hard_declined",
+                    decline_code=err.get("code") or "card_removed",
+                    message="the saved card can no longer be charged (removed or detached)",
+                )
+            raise _translate(exc, "charge a saved card") from exc
+        except stripe.StripeError as exc:
+            raise _translate(exc, "charge a saved card") from exc
+        return charge_from_stripe(obj)
+
+    def retrieve_charge(self, payment_intent_id: str) -> ChargeResult:
+        try:
+            obj = self.client.v1.payment_intents.retrieve(payment_intent_id)
+        except stripe.StripeError as exc:
+            raise _translate(
+                exc, "retrieve a PaymentIntent", payment_intent=payment_intent_id
+            ) from exc
+        return charge_from_stripe(obj)
+
+    def find_charge(self, charge_id: str) -> ChargeResult | None:
+        try:
+            found = self.client.v1.payment_intents.search(
+                params={"query": f"metadata['walkeep_charge_id']:'{charge_id}'", "limit": 1}
+            )
+        except stripe.StripeError as exc:
+            raise _translate(exc, "search PaymentIntents") from exc
+        data = list(_field(found, "data") or [])
+        return charge_from_stripe(data[0]) if data else None
+
+    def reversals(self, payment_intent_id: str) -> Reversals:
+        try:
+            pi = self.client.v1.payment_intents.retrieve(
+                payment_intent_id, params={"expand": ["latest_charge"]}
+            )
+            disputes = self.client.v1.disputes.list(
+                params={"payment_intent": payment_intent_id, "limit": 100}
+            )
+        except stripe.StripeError as exc:
+            raise _translate(
+                exc, "read refunds and disputes", payment_intent=payment_intent_id
+            ) from exc
+        charge = _field(pi, "latest_charge")
+        refunded = int(_field(charge, "amount_refunded") or 0) if not isinstance(charge, str) else 0
+        disputed = sum(
+            int(_field(d, "amount") or 0)
+            for d in (_field(disputes, "data") or [])
+            if _field(d, "status") != "won"
+        )
+        return Reversals(refunded_cents=refunded, disputed_cents=disputed)
+
+    def default_card(self, customer_id: str) -> SavedCard | None:
+        try:
+            cus = self.client.v1.customers.retrieve(
+                customer_id, params={"expand": ["invoice_settings.default_payment_method"]}
+            )
+        except stripe.StripeError as exc:
+            raise _translate(exc, "retrieve a Customer", customer=customer_id) from exc
+        return card_from_stripe(_field(_field(cus, "invoice_settings"), "default_payment_method"))
+
+    def portal_url(self, customer_id: str, return_url: str) -> str | None:
+        try:
+            obj = self.client.v1.billing_portal.sessions.create(
+                params={
+                    "customer": customer_id,
+                    "return_url": return_url,
+                    "flow_data": {"type": "payment_method_update"},
+                }
+            )
+        except stripe.StripeError as exc:
+            raise _translate(exc, "open the Customer Portal") from exc
+        return str(obj["url"])
 
     def parse_webhook(self, body: bytes, signature: str | None) -> PaymentEvent:
         """Verify the ``Stripe-Signature`` over the raw body, then parse the event.
@@ -247,7 +529,62 @@ def _parse_event(body: bytes) -> PaymentEvent:
         if not isinstance(sid, str) or not sid or len(sid) > 255 or "\x00" in sid:
             raise MalformedEvent(f"signed event {event_id} has no usable checkout session id")
         session_id = sid
-    return PaymentEvent(event_id=str(event_id), type=str(event_type), session_id=session_id)
+    if not isinstance(obj, dict):
+        return PaymentEvent(event_id=str(event_id), type=str(event_type), session_id=session_id)
+    kind = _ident(obj.get("object"))
+    object_id = _ident(obj.get("id"))
+    payment_intent = object_id if kind == "payment_intent" else _ident(obj.get("payment_intent"))
+    customer = object_id if kind == "customer" else _ident(obj.get("customer"))
+    return PaymentEvent(
+        event_id=str(event_id),
+        type=str(event_type),
+        session_id=session_id,
+        object_type=kind,
+        object_id=object_id,
+        payment_intent_id=payment_intent,
+        customer_id=customer,
+    )
+
+
+def _ident(value: Any) -> str | None:
+    """An object id from an event body (a string, or an expanded object's id), if usable."""
+    if isinstance(value, dict):
+        value = value.get("id")
+    if isinstance(value, str) and value and len(value) <= 255 and "\x00" not in value:
+        return value
+    return None
+
+
+def _error_body(exc: stripe.StripeError) -> dict[str, Any]:
+    """The ``error`` object of an error response (a dict; empty if there is none)."""
+    body = exc.json_body
+    err = body.get("error") if isinstance(body, dict) else None
+    return err if isinstance(err, dict) else {}
+
+
+def _card_error(exc: stripe.CardError) -> ChargeResult:
+    """A declined off-session charge (HTTP 402): the answer, classed."""
+    err = _error_body(exc)
+    pi = err.get("payment_intent") or {}
+    currency = pi.get("currency") if isinstance(pi, dict) else None
+    log.info(
+        "Stripe declined an off-session charge: code=%s decline_code=%s advice=%s",
+        err.get("code"),
+        err.get("decline_code"),
+        err.get("advice_code"),
+    )
+    return ChargeResult(
+        payment_intent_id=pi.get("id") if isinstance(pi, dict) else None,
+        status="failed",
+        amount_cents=pi.get("amount") if isinstance(pi, dict) else None,
+        currency=currency.lower() if isinstance(currency, str) else None,
+        failure=classify_failure(err),
+        decline_code=err.get("decline_code") or err.get("code"),
+        message=(exc.user_message or err.get("message") or "card declined")[:300],
+        metadata={str(k): str(v) for k, v in (pi.get("metadata") or {}).items()}
+        if isinstance(pi, dict)
+        else None,
+    )
 
 
 def _translate(exc: stripe.StripeError, action: str, **context: str) -> WalkeepError:
@@ -262,7 +599,7 @@ def _translate(exc: stripe.StripeError, action: str, **context: str) -> WalkeepE
         )
     if isinstance(exc, stripe.InvalidRequestError):
         if status == 404:
-            return NotFound(f"Stripe has no such Checkout Session ({action})", dict(context))
+            return NotFound(f"Stripe has no such object ({action})", dict(context))
         return ValidationError(
             f"Stripe rejected the request: {exc.user_message or 'invalid parameters'}",
             {"provider": "stripe", "param": exc.param, **context},

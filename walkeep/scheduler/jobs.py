@@ -29,7 +29,7 @@ from apscheduler.schedulers.blocking import BlockingScheduler
 from walkeep import metrics
 from walkeep.config import Settings
 from walkeep.errors import ConfigurationError
-from walkeep.service.jobs import completion, reconcile, reindex, renew, sweep
+from walkeep.service.jobs import autotopup, completion, reconcile, reindex, renew, sweep
 from walkeep.service.operators import console
 from walkeep.service.runtime import Runtime
 from walkeep.service.tools.views import short_duration
@@ -61,6 +61,7 @@ JOBS: dict[str, tuple[Callable[[Runtime], Any], str]] = {
     "sweep": (sweep.sweep, "sweep_interval_seconds"),
     "reconcile_payments": (_reconcile_payments, "reconcile_payments_interval_seconds"),
     "deliver_alerts": (_deliver_alerts, "deliver_alerts_interval_seconds"),
+    "auto_top_up": (autotopup.auto_top_up, "auto_top_up_interval_seconds"),
     "reindex": (reindex.backfill, "reindex_interval_seconds"),
 }
 
@@ -70,8 +71,9 @@ JOBS: dict[str, tuple[Callable[[Runtime], Any], str]] = {
 # epoch: a pass twice per epoch sees it there, so renewal is early, not at runway 1 (30-s
 # epochs with the 60-s default renewed and paused at runway 1). A crashed renewal's
 # intent leases its blobs until reconcile settles it, so reconcile keeps the same pace;
-# the sweep reports lapses (memories.expired) within the epoch they happen.
-PER_EPOCH: dict[str, int] = {"renew": 2, "reconcile_renewals": 2, "sweep": 1}
+# the sweep reports lapses (memories.expired) within the epoch they happen. Automatic
+# top-up keeps the renewal pass funded, so it looks as often as the pass does.
+PER_EPOCH: dict[str, int] = {"renew": 2, "reconcile_renewals": 2, "sweep": 1, "auto_top_up": 2}
 
 
 def job_intervals(settings: Settings, epoch_seconds: int | None) -> dict[str, float]:

@@ -3,8 +3,9 @@
 Events (``EVENT_TYPES``): ``balance.low`` (funded runway fell below the
 account's threshold), ``memories.paused``, ``memories.resumed``,
 ``memories.expired`` (paid-for memories lapsed: their runway ran out while
-paused), ``topup.credited``, ``renewal.failed``, and ``alert.test`` (``walkeep
-alerts test``).
+paused), ``topup.credited``, ``renewal.failed``, ``alert.test`` (``walkeep
+alerts test``), automatic top-up's ``auto_top_up.*`` and ``payment.reversed``
+(a refund or dispute took credits back).
 
 Design: an **outbox**. :func:`emit` inserts the event in the caller's
 database transaction — the same one that pauses memories, resumes them,
@@ -69,6 +70,14 @@ EVENT_TYPES = (
     "topup.credited",
     "renewal.failed",
     "alert.test",
+    # Automatic top-up (walkeep/service/autotopup.py, autocharge.py): one per state change.
+    "auto_top_up.enabled",
+    "auto_top_up.succeeded",
+    "auto_top_up.failed",
+    "auto_top_up.action_required",
+    "auto_top_up.disabled",
+    "auto_top_up.cap_reached",
+    "payment.reversed",
 )
 DEFAULT_THRESHOLD_EPOCHS = 4
 MAX_THRESHOLD_EPOCHS = 52

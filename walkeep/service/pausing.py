@@ -1,8 +1,10 @@
-"""Resuming paused memories when credits arrive: the one rule three callers share.
+"""Resuming paused memories when credits arrive: the one rule every caller shares.
 
-A top-up (tools/topup.py), an operator's grant (operators/accounts.py) and the
-renewal pass (jobs/renew.py) all resume an account's paused memories the same
-way; pausing itself is the renewal pass's (it knows what it could not fund).
+A top-up (tools/topup.py), an automatic top-up (autocharge.py), an operator's grant
+(operators/accounts.py) and the renewal pass (jobs/renew.py) all resume an account's
+paused memories the same way; pausing itself is the renewal pass's (it knows what it
+could not fund). A payment reaches the ledger through ``credit_payment``, one path for
+Checkout and automatic charges alike.
 
 **What "resumed" promises.** Credits arriving make a paused memory active again, but
 only a renewal keeps it: a memory whose blob ends before the next renewal pass can reach
@@ -38,6 +40,7 @@ from sqlalchemy.orm import Session
 from walkeep import ledger
 from walkeep.db import rowcount
 from walkeep.db.models import Blob, Memory
+from walkeep.ledger import Kind
 from walkeep.lifecycle import BlobStatus, MemoryStatus
 from walkeep.service import alerts
 from walkeep.service.runtime import Runtime
@@ -135,3 +138,20 @@ def resume_paused(session: Session, account_id: str, reach: Reach | int | None) 
             )
         alerts.emit(session, account_id, "memories.resumed", body)
     return resumed
+
+
+def credit_payment(
+    session: Session,
+    rt: Runtime,
+    account_id: str,
+    amount_mc: int,
+    *,
+    ref: str,
+    kind: Kind,
+    memo: str,
+) -> ledger.Entry:
+    """Credit a payment once (``ref`` is UNIQUE per account: a replay returns the first
+    entry) and resume the account's paused memories, in the caller's transaction."""
+    entry = ledger.credit(session, account_id, amount_mc, ref=ref, kind=kind, memo=memo)
+    resume_paused(session, account_id, renewal_reach(rt))
+    return entry

@@ -78,6 +78,7 @@ from walkeep.db.models import Account, Blob, Memory, Renewal, RenewalItem, table
 from walkeep.errors import InsufficientBalance
 from walkeep.lifecycle import BlobStatus, MemoryStatus
 from walkeep.service import alerts
+from walkeep.service.jobs import autotopup
 from walkeep.service.pausing import Reach, resume_paused
 from walkeep.service.renewal_price import (
     ACTIVE_ONLY,
@@ -163,12 +164,15 @@ class _Claim:
     prepared: PreparedTx | None  # None: due blobs were read but none submitted
     blob_count: int
     cursor: _Cursor
+    # Accounts whose automatic top-up is asked to cover what this batch could not fund
+    # (account → mc short), once the claim has committed (jobs/autotopup.py).
+    top_up: dict[str, int] = field(default_factory=dict)
 
 
-def _skipped(cursor: _Cursor) -> _Claim:
+def _skipped(cursor: _Cursor, top_up: dict[str, int] | None = None) -> _Claim:
     """Due blobs were found but none could be submitted (unfunded → paused, or
     refused → backed off): they drop out of the due query, so look again."""
-    return _Claim(-1, None, 0, cursor)
+    return _Claim(-1, None, 0, cursor, top_up or {})
 
 
 class CrashForTest(Exception):
@@ -251,6 +255,10 @@ def _renew(rt: Runtime, *, max_batches: int | None, worker: str | None) -> Renew
                         done, recording = recording, None
                         done.result()
                     effects = _submit(rt, claim, report)
+                if claim.top_up:
+                    # Before anything of theirs pauses, charge the accounts whose
+                    # automatic top-up covers them (outside the claim's transaction).
+                    autotopup.charge_for_renewal(rt, claim.top_up)
                 if effects is not None:
                     recording = recorder.submit(record, rt, claim.renewal_id, effects, report)
             if recording is not None:
@@ -420,6 +428,7 @@ def _claim_batch(
 
         funded: list[tuple[_Due, int, int]] = []
         unfunded: list[int] = []
+        short: dict[str, int] = defaultdict(int)
         owners = sorted(a for a in by_account if a is not None)
         # One statement locks every owner, in id order (as one lock at a time
         # did): two passes can never wait on each other's accounts in a cycle.
@@ -440,7 +449,16 @@ def _claim_batch(
                     funded.append((blob, k, cost))
                 else:
                     unfunded.append(blob.id)
+                    short[account_id] += cost
 
+        top_up: dict[str, int] = {}
+        if short:
+            # Check before pausing: automatic top-up may be about to fund these accounts.
+            defer, ask = autotopup.before_pausing(rt, s, short)
+            top_up = {a: short[a] for a in ask}
+            if defer:
+                deferred = {b.id for b in blobs if b.account_id in defer}
+                unfunded = [b for b in unfunded if b not in deferred]
         if unfunded:
             paused_accounts = s.scalars(
                 update(Memory)
@@ -456,10 +474,10 @@ def _claim_batch(
             metrics.PAUSED_MEMORIES.inc(paused)
             log.warning("paused %d memories on %d unfunded blobs", paused, len(unfunded))
         if not funded:
-            return _skipped(cursor)
+            return _skipped(cursor, top_up)
         funded, prepared = _prepare_checked(rt, s, funded, now)
         if prepared is None:
-            return _skipped(cursor)
+            return _skipped(cursor, top_up)
         holds: dict[str, int] = defaultdict(int)
         for blob, _k, cost in funded:
             if blob.account_id:
@@ -508,7 +526,7 @@ def _claim_batch(
             ],
             memo=f"renewal {prepared.digest}",
         )
-        return _Claim(renewal_id, prepared, len(funded), cursor)
+        return _Claim(renewal_id, prepared, len(funded), cursor, top_up)
 
 
 def _item_shares(blob: _Due, shares: dict[int, int]) -> dict[str, int | None]:

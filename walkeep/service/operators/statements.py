@@ -23,7 +23,7 @@ from walkeep import ledger
 from walkeep.db import Database
 from walkeep.db.models import Account, LedgerEntry
 from walkeep.errors import NotFound, ValidationError
-from walkeep.ledger import CREDIT_KINDS, Kind
+from walkeep.ledger import CREDIT_KINDS, DEBIT_KINDS, Kind
 
 MAX_DAYS = 366 * 5
 STREAM_ROWS = 1000  # rows fetched (and CSV lines sent) at a time
@@ -69,7 +69,7 @@ def effects(kind: str, amount_mc: int) -> tuple[int, int]:
     """(balance effect, held effect) of one entry — the ledger's own rules."""
     if kind in CREDIT_KINDS:
         return amount_mc, 0
-    if kind == Kind.DEBIT:
+    if kind in DEBIT_KINDS:
         return -amount_mc, 0
     if kind == Kind.HOLD:
         return 0, amount_mc

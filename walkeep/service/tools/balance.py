@@ -1,18 +1,19 @@
-"""``check_balance``: credits, and what they buy at current usage. Free."""
+"""``check_balance``: credits, what they buy at current usage, and automatic top-up. Free."""
 
 from __future__ import annotations
 
 from sqlalchemy import func, select
 
 from walkeep import ledger, pricing
-from walkeep.db.models import Memory
+from walkeep.db.models import AutoCharge, AutoTopUp, Memory
 from walkeep.lifecycle import MemoryStatus
 from walkeep.protocol import walrus
+from walkeep.service import autotopup
 from walkeep.service.renewal_price import (
     renewal_burn_mc_per_epoch,
 )
 from walkeep.service.runtime import Runtime
-from walkeep.service.tools.schemas import BalanceResult
+from walkeep.service.tools.schemas import AutoTopUpView, BalanceResult, LastAttempt
 from walkeep.service.tools.views import human_duration
 
 # The size an "average memory" estimate assumes (a short fact is far below it).
@@ -96,4 +97,65 @@ def check_balance(rt: Runtime, account_id: str) -> BalanceResult:
         balance_usd=float(ledger.mc_to_usd_str(available)),
         est_memories_remaining=int(est_memories),
         est_runway_funded=funded,
+        auto_top_up=auto_top_up_view(rt, account_id),
     )
+
+
+def _usd(cents: int) -> float:
+    return float(ledger.mc_to_usd_str(cents * ledger.MC_PER_CREDIT))
+
+
+def _outcome(charge: AutoCharge) -> str:
+    """A charge as ``last_attempt.outcome`` names it (a hard decline is a decline)."""
+    if charge.status in ("succeeded", "pending", "authentication_required"):
+        return charge.status
+    return "declined"
+
+
+def auto_top_up_view(rt: Runtime, account_id: str) -> AutoTopUpView:
+    """``check_balance.auto_top_up`` — also what ``walkeep auto-top-up show --json`` prints."""
+    now = rt.clock.now()
+    with rt.db.read(snapshot=True) as s:
+        row = s.get(AutoTopUp, account_id)
+        charged = autotopup.charged_this_month_cents(s, account_id, now)
+        last = s.scalars(
+            select(AutoCharge)
+            .where(AutoCharge.account_id == account_id, AutoCharge.status != "canceled")
+            .order_by(AutoCharge.created_at.desc(), AutoCharge.id.desc())
+            .limit(1)
+        ).one_or_none()
+        attempt = (
+            LastAttempt(
+                at=last.submitted_at or last.created_at,
+                amount_usd=_usd(last.amount_cents),
+                outcome=_outcome(last),  # type: ignore[arg-type]
+            )
+            if last is not None
+            else None
+        )
+        if row is None:
+            return AutoTopUpView(
+                status="off",
+                below_runway_epochs=None,
+                to_runway_epochs=None,
+                monthly_cap_usd=None,
+                charged_this_month_usd=_usd(charged),
+                card=None,
+                last_attempt=attempt,
+                action_url=None,
+                reason=None,
+            )
+        waiting = row.status == "action_required" and row.action_charge_id
+        return AutoTopUpView(
+            status=row.status,  # type: ignore[arg-type]
+            below_runway_epochs=row.below_runway_epochs,
+            to_runway_epochs=row.to_runway_epochs,
+            monthly_cap_usd=_usd(row.monthly_cap_cents)
+            if row.monthly_cap_cents is not None
+            else None,
+            charged_this_month_usd=_usd(charged),
+            card=autotopup.card_label(row) if row.provider == rt.payments.provider else None,
+            last_attempt=attempt,
+            action_url=autotopup.action_url(rt, row.action_charge_id) if waiting else None,  # type: ignore[arg-type]
+            reason=row.reason,
+        )

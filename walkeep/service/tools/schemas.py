@@ -70,11 +70,42 @@ class RunwayResult(_Out):
     account: RunwaySummary | None = None
 
 
+class LastAttempt(_Out):
+    at: datetime
+    amount_usd: float
+    outcome: Literal["succeeded", "pending", "declined", "authentication_required"]
+
+
+class AutoTopUpView(_Out):
+    """Automatic top-up as agents see it (names fixed: agents and checks rely on them)."""
+
+    status: Literal["off", "active", "action_required", "disabled"] = Field(
+        description='"off": not enabled. "active": the saved card is charged when funded '
+        'runway falls below below_runway_epochs. "action_required": the card holder must '
+        'open action_url (hand it to your human). "disabled": stopped after declines; '
+        "reason says why, an operator must turn it on again."
+    )
+    below_runway_epochs: int | None
+    to_runway_epochs: int | None
+    monthly_cap_usd: float | None
+    charged_this_month_usd: float
+    card: str | None = Field(description='The saved card, e.g. "visa •••• 4242".')
+    last_attempt: LastAttempt | None
+    action_url: str | None = Field(
+        description="A checkout link for the human: paying it completes the authentication "
+        "and turns automatic top-up back on."
+    )
+    reason: str | None
+
+
 class BalanceResult(_Out):
     balance_credits: int | float = Field(description="Available credits (1 credit = 1 US cent).")
     balance_usd: float
     est_memories_remaining: int
     est_runway_funded: str
+    auto_top_up: AutoTopUpView = Field(
+        description="Automatic top-up (only an operator can turn it on or change its cap)."
+    )
 
 
 class TopUpResult(_Out):

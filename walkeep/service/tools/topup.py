@@ -31,6 +31,21 @@ idempotency key ``<key>:<n>`` (n = 2, 3, …) and a new 24 h expiry written to
 the row first. The old session can no longer be paid, so the single ledger
 ref per checkout row still means one credit per payment.
 
+Saving a card (automatic top-up): ``top_up(save_card=true)`` makes the same checkout
+also save the card for off-session charges, for the account's customer at the provider
+(``autotopup.ensure_customer``, fixed in the row like every other parameter), with the
+consent text (``topup_rule.CONSENT_TEXT``) shown beside the Pay button; the console's
+"add a card" is a setup-mode checkout (``save_card_link``: saves, charges nothing). When
+such a checkout completes, the card is recorded once (``card_saved_at``) through
+``autotopup.card_saved``, in the transaction that credits it. ``action_checkout`` is the
+link an ``action_required`` automatic charge offers its card holder: a ``save_card``
+checkout for the same amount, one per charge (its request id is derived from the charge).
+
+The Stripe webhook also carries automatic top-up's events (``payment_intent.*``,
+``charge.refunded``, ``charge.dispute.created``, ``payment_method.detached``,
+``customer.updated``): deduplicated the same way, acted on by ``autocharge.apply_event``
+in the transaction that records them.
+
 Why one file: one checkout row's life — created by ``top_up``, credited by the webhook,
 the reconciler or the local pay page — and all four lock and credit it the same way.
 """
@@ -50,14 +65,14 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from walkeep import ids, ledger
-from walkeep.db.models import Account, CheckoutSession, StripeEvent
+from walkeep import ids, ledger, topup_rule
+from walkeep.db.models import Account, AutoCharge, CheckoutSession, StripeEvent
 from walkeep.errors import Internal, NotFound, Unauthorized, ValidationError
 from walkeep.ledger import MC_PER_CREDIT, Kind
 from walkeep.payments.base import CheckoutRequest, PaymentEvent, ProviderSession
-from walkeep.payments.local import LocalPayments, local_session_id
-from walkeep.service import alerts
-from walkeep.service.pausing import renewal_reach, resume_paused
+from walkeep.payments.local import TEST_CARDS, LocalPayments, local_session_id
+from walkeep.service import alerts, autocharge, autotopup
+from walkeep.service.pausing import credit_payment
 from walkeep.service.runtime import Runtime
 from walkeep.service.tools.schemas import TopUpResult
 
@@ -91,6 +106,13 @@ Action = Literal[
     "superseded",
     "amount_mismatch",
     "duplicate",
+    "card_saved",
+    # automatic top-up's events (autocharge.apply_event)
+    "charge_settled",
+    "reversed",
+    "card_removed",
+    "card_updated",
+    "unknown_charge",
 ]
 
 
@@ -135,6 +157,9 @@ class CheckoutStatus(BaseModel):
     expires_at: datetime
     credited: bool
     test_mode: bool
+    mode: str = "payment"  # "setup": saves a card, charges nothing
+    save_card: bool = False
+    card_saved: bool = False
 
 
 # --- validation ----------------------------------------------------------------------
@@ -226,6 +251,10 @@ def _request_for(rt: Runtime, row: CheckoutSession) -> CheckoutRequest:
         expires_at=row.expires_at,
         success_url=_success_url(rt),
         cancel_url=f"{_public(rt)}/topup/cancel",
+        mode=row.mode,
+        save_card=row.save_card,
+        customer_id=row.customer_id,
+        consent_text=topup_rule.CONSENT_TEXT if row.save_card else None,
     )
 
 
@@ -233,23 +262,65 @@ def _request_for(rt: Runtime, row: CheckoutSession) -> CheckoutRequest:
 
 
 def top_up(
-    rt: Runtime, account_id: str, amount_usd: str | Decimal | int | float, request_id: str
+    rt: Runtime,
+    account_id: str,
+    amount_usd: str | Decimal | int | float,
+    request_id: str,
+    save_card: bool = False,
 ) -> TopUpResult:
     """A checkout link for ``amount_usd`` of credits; idempotent per request_id.
 
-    Raises ValidationError (bad amount/request_id, or the request_id was used
-    for a different amount), NotFound (unknown account), PaymentsUnavailable
-    (provider unreachable: the row stays ``creating`` and a replay with the
-    same request_id finishes the job without creating a second session).
+    ``save_card``: the checkout also saves the card for automatic top-up (which only
+    an operator can turn on). Raises ValidationError (bad amount/request_id, or the
+    request_id was used for a different amount or save_card), NotFound (unknown
+    account), PaymentsUnavailable (provider unreachable: the row stays ``creating`` and
+    a replay with the same request_id finishes the job without creating a second session).
     """
     request_id = _validate_request_id(request_id)
     cents = parse_amount_cents(amount_usd, rt.settings.topup_max_usd)
-    row = _claim(rt, account_id, request_id, cents)
+    if not isinstance(save_card, bool):
+        raise ValidationError("save_card must be true or false", {"field": "save_card"})
+    customer = autotopup.ensure_customer(rt, account_id) if save_card else None
+    row = _claim(rt, account_id, request_id, cents, save_card=save_card, customer_id=customer)
     url = _ensure_session(rt, row)
     return TopUpResult(checkout_url=url, amount_usd=float(Decimal(cents) / 100))
 
 
-def _claim(rt: Runtime, account_id: str, request_id: str, cents: int) -> CheckoutSession:
+def save_card_link(rt: Runtime, account_id: str, request_id: str) -> str:
+    """A setup-mode checkout: the human saves (or replaces) the card, nothing is charged."""
+    request_id = _validate_request_id(request_id)
+    customer = autotopup.ensure_customer(rt, account_id)
+    row = _claim(rt, account_id, request_id, 0, mode="setup", save_card=True, customer_id=customer)
+    return _ensure_session(rt, row)
+
+
+def action_checkout(rt: Runtime, charge_id: str) -> str:
+    """The checkout an ``action_required`` automatic charge offers its card holder: the
+    same amount, saving the card again; one per charge, so opening the link twice gives
+    the same checkout (and a fresh one once that expired)."""
+    ids.check_identifier(charge_id, "charge_id")
+    with rt.db.read() as s:
+        ch = s.get(AutoCharge, charge_id)
+        if ch is None or ch.status != "authentication_required":
+            raise NotFound(
+                "no automatic charge is waiting for authentication under this link",
+                {"charge_id": charge_id},
+            )
+        account_id, cents = ch.account_id, ch.amount_cents
+    amount = Decimal(cents) / 100
+    return top_up(rt, account_id, amount, f"auto-top-up-{charge_id}", save_card=True).checkout_url
+
+
+def _claim(
+    rt: Runtime,
+    account_id: str,
+    request_id: str,
+    cents: int,
+    *,
+    mode: str = "payment",
+    save_card: bool = False,
+    customer_id: str | None = None,
+) -> CheckoutSession:
     """Insert (or find) the row for (account, request_id) before any provider call."""
     for _ in range(3):
         now = rt.clock.now()
@@ -279,9 +350,18 @@ def _claim(rt: Runtime, account_id: str, request_id: str, cents: int) -> Checkou
                         expires_at=now + SESSION_LIFETIME,
                         created_at=now,
                         updated_at=now,
+                        mode=mode,
+                        save_card=save_card,
+                        customer_id=customer_id,
                     )
                     s.add(row)
                     s.flush()
+                elif row.mode != mode or row.save_card != save_card:
+                    raise ValidationError(
+                        "request_id was already used for a different kind of checkout "
+                        "(save_card differs); use a new request_id",
+                        {"field": "request_id", "request_id": request_id},
+                    )
                 elif row.amount_cents != cents:
                     raise ValidationError(
                         "request_id was already used for a top-up of a different amount; "
@@ -454,8 +534,9 @@ def credit_checkout(
         )
         return False
     amount_mc = row.amount_cents * MC_PER_CREDIT
-    entry = ledger.credit(
+    entry = credit_payment(
         s,
+        rt,
         row.account_id,
         amount_mc,
         ref=f"topup:{row.id}",
@@ -466,7 +547,6 @@ def credit_checkout(
     row.payment_status = "paid"
     row.credited_entry_id = entry.id
     row.updated_at = s.info["clock"].now()
-    resume_paused(s, row.account_id, renewal_reach(rt))
     # --- alert (same transaction as the credit) ---
     if not entry.replayed:
         alerts.emit(
@@ -498,8 +578,18 @@ def _apply_provider_state(
     if not _session_matches(row, ps):
         log.info("top-up %s: ignoring superseded session %s (%s)", row.id, ps.session_id, source)
         return "superseded", False
+    if row.mode == "setup" and ps.status == "complete":
+        # A setup-mode session saves a card and charges nothing.
+        _save_card(s, rt, row, ps)
+        row.status = "complete"
+        row.payment_status = ps.payment_status
+        row.updated_at = s.info["clock"].now()
+        return "card_saved", False
     if ps.payment_status == "paid":
-        if credit_checkout(s, row, ps, source=source, rt=rt):
+        credited = credit_checkout(s, row, ps, source=source, rt=rt)
+        if row.status == "complete":
+            _save_card(s, rt, row, ps)
+        if credited:
             return "credited", True
         return (
             ("already_credited", False) if row.status == "complete" else ("amount_mismatch", False)
@@ -518,6 +608,24 @@ def _apply_provider_state(
     if row.status == "creating":
         row.status = "open"
     return "pending", False
+
+
+def _save_card(s: Session, rt: Runtime, row: CheckoutSession, ps: ProviderSession) -> None:
+    """Record the card a completed ``save_card`` checkout saved, once per checkout."""
+    if not row.save_card or row.card_saved_at is not None:
+        return
+    if ps.card is None:
+        log.warning("checkout %s completed without a saved card to record", row.id)
+        return
+    autotopup.card_saved(
+        s,
+        rt,
+        row.account_id,
+        ps.card,
+        customer_id=row.customer_id or ps.customer_id,
+        source=f"checkout {row.id}",
+    )
+    row.card_saved_at = s.info["clock"].now()
 
 
 def _apply_in_txn(
@@ -548,6 +656,13 @@ def handle_stripe_webhook(rt: Runtime, body: bytes, signature: str | None) -> We
         seen = s.get(StripeEvent, event.event_id)
         if seen is not None and seen.processed_at is not None:
             return _outcome(event, "duplicate", duplicate=True)
+
+    if event.type in autocharge.HANDLED_EVENTS:
+        facts = autocharge.event_facts(rt, event)  # the provider's current view, first
+        with rt.db.begin() as s:
+            if not _record_event(s, event):
+                return _outcome(event, "duplicate", duplicate=True)
+            return _outcome(event, autocharge.apply_event(s, rt, event, facts))
 
     ps: ProviderSession | None = None
     if event.type in HANDLED_EVENTS and event.session_id:
@@ -661,14 +776,19 @@ def issue_pay_token(rt: Runtime, checkout_id: str) -> str:
     return token
 
 
-def pay_local(rt: Runtime, checkout_id: str, pay_token: str | None) -> bool:
+def pay_local(
+    rt: Runtime, checkout_id: str, pay_token: str | None, test_card: str | None = None
+) -> bool:
     """The TEST MODE Pay button: mark the local session paid and credit it.
 
     Same crediting function as the webhook; pressing it again credits nothing
     more. Returns whether this call credited. Refused unless the server runs
     the local provider (with Stripe configured, only Stripe can say "paid"),
     and unless ``pay_token`` is the one-time token of the rendered checkout
-    page (constant-time compare, consumed by the payment).
+    page (constant-time compare, consumed by the payment). A checkout that saves a
+    card needs ``test_card``: how the saved TEST MODE card behaves later
+    (``succeeds``, ``declines`` or ``authentication_required``). A setup-mode checkout
+    only saves it.
     """
     ids.check_identifier(checkout_id, "checkout_id")
     payments = rt.payments
@@ -701,10 +821,17 @@ def pay_local(rt: Runtime, checkout_id: str, pay_token: str | None) -> bool:
                 "a browser and press Pay (the page's one-time token is missing, used or stale)",
                 {"checkout_id": checkout_id},
             )
+        if row.save_card and test_card not in TEST_CARDS:
+            raise ValidationError(
+                "choose how the saved TEST MODE card behaves: " + ", ".join(TEST_CARDS),
+                {"field": "test_card", "allowed": list(TEST_CARDS)},
+            )
         row.pay_token_hash = None  # single use
         if row.provider_session_id is None:
             row.provider_session_id = local_session_id(row.id)
-        row.payment_status = "paid"  # the local provider records the payment…
+        row.test_card = test_card if row.save_card else None
+        # the local provider records the payment (or, in setup mode, the saved card)…
+        row.payment_status = "no_payment_required" if row.mode == "setup" else "paid"
         ps = payments.session_from_row(row, now)
         # …and crediting goes through the one shared path.
         _action, credited = _apply_provider_state(s, row, ps, source="local pay button", rt=rt)
@@ -802,4 +929,7 @@ def checkout_status(rt: Runtime, checkout_id: str) -> CheckoutStatus:
             expires_at=row.expires_at,
             credited=row.credited_entry_id is not None,
             test_mode=row.provider == "local",
+            mode=row.mode,
+            save_card=row.save_card,
+            card_saved=row.card_saved_at is not None,
         )
