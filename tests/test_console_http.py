@@ -6,6 +6,7 @@ import re
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -248,6 +249,45 @@ def test_alert_settings_deliveries_and_the_verify_page(live: Server) -> None:
     with httpx.Client(base_url=live.url) as c:
         assert _login(c, other.api_key).status_code == 303
         assert c.get(f"/console/verify/{digest}").status_code == 404  # not this account's
+
+
+def test_the_alerts_card_shows_coarse_outcomes_and_past_deliveries_after_removal(
+    live: Server,
+) -> None:
+    """Issue 39: docs/security.md promises tenants coarse delivery outcomes, but the card
+    showed a receiver's exact status (200, 503, 418); and once the webhook was removed it
+    said "No webhook yet" above the deliveries it had made."""
+    from tests.test_egress import _answer, _read_body, serve
+    from walkeep.service import alerts
+
+    rt = live.rt
+    mine = accounts.create_account(rt.db, "coarse", credits_mc=100_000)
+    codes = [200, 503, 418]
+
+    def answer(h: Any) -> None:
+        _read_body(h)
+        _answer(h, codes[0])
+
+    with serve(answer) as base, httpx.Client(base_url=live.url) as c:
+        alerts.set_alert_webhook(rt, mine.account_id, base + "/hook")
+        for code in (200, 503, 418):
+            codes[0] = code
+            alerts.send_test_event(rt, mine.account_id)
+            alerts.deliver_alerts(rt)
+            rt.clock.advance(3600)  # type: ignore[attr-defined]
+        assert _login(c, mine.api_key).status_code == 303
+        page = c.get("/console/account").text
+        results = re.findall(r'data-label="Result"><span class="\w+">([^<]*)</span>', page)
+        assert sorted(results) == ["HTTP 4xx", "HTTP 5xx", "delivered"], results
+        assert not {"200", "503", "418"} & set(results)
+
+        alerts.remove_alert_webhook(rt, mine.account_id)
+        page = c.get("/console/account").text
+        card = page[page.index('id="alerts"') :]
+        assert "No webhook yet" not in card
+        assert "No webhook is set now" in card
+        assert card.index("No webhook is set now") < card.index('data-label="Result"')
+        assert len(re.findall(r'data-label="Result"', card)) == 3
 
 
 # --- issue 29: sessions end on the server, sign-in is throttled ------------------------------
