@@ -136,8 +136,8 @@ def test_chart_labels_never_overlap_however_close_the_markers_are(
 def test_the_explorers_object_page_fits_a_phone(
     live: Server,
     clock: Any,
-    browser: Any,
-    tmp_path: Path,  # noqa: F811
+    browser: Any,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     """Regression: the object page's extensions table (five columns, a digest and a
     timestamp) made the page 507 px wide on a 390-px phone."""
@@ -171,9 +171,9 @@ def test_the_explorers_object_page_fits_a_phone(
 @pytest.mark.parametrize("width", [390, 360, 320])
 def test_the_sign_in_hint_wraps_between_words_not_inside_an_option(
     live: Server,
-    browser: Any,
+    browser: Any,  # noqa: F811
     tmp_path: Path,
-    width: int,  # noqa: F811
+    width: int,
 ) -> None:
     """Regression: the hint's command broke as "--ac / count" on a 390-px phone."""
     context = browser.new_context(viewport={"width": width, "height": 800})
