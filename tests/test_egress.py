@@ -367,13 +367,16 @@ def tarpit() -> Iterator[str]:
         listener.close()
 
 
-def test_many_tarpits_of_one_tenant_do_not_delay_another_accounts_alert(rt: Runtime) -> None:
+def test_many_tarpits_of_one_tenant_do_not_delay_another_accounts_alert(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Regression (issue 39): 24 receivers that accept and never answer held all 8 slots
     for their whole deadline, three waves in a row, before anyone else's alert went out
     (30 s with the 10-s default). Another account's alert is now delivered within its own
-    deadline, long before the tarpits' run out."""
-    deadline = 2.0
+    deadline, long before the tarpits' run out (three 0.2-s slot turns here)."""
+    deadline = 3.0
     rt.settings.alert_timeout_seconds = deadline
+    monkeypatch.setattr(alerts, "SLOT_SECONDS", 0.2)
     assert rt.settings.alert_concurrency == 8
     fast = Seen()
     with tarpit() as slow_url, serve(fast.handler()) as fast_url:
