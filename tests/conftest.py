@@ -54,6 +54,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say how many PostgreSQL-only tests were skipped, and how to run them: ``-q`` (in
+    addopts) prints "N skipped" without the reasons, so the note must come from here."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    n = sum(1 for report in skipped if PG_HINT in str(getattr(report, "longrepr", "")))
+    if n:
+        terminalreporter.write_line(
+            f"{n} PostgreSQL-only test{'s' if n != 1 else ''} skipped on SQLite: set "
+            "WALKEEP_TEST_DATABASE_URL=postgresql+psycopg://postgres@127.0.0.1:5432/test "
+            "to run them"
+        )
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
     outcome = yield

@@ -6,6 +6,7 @@ import re
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -248,6 +249,90 @@ def test_alert_settings_deliveries_and_the_verify_page(live: Server) -> None:
     with httpx.Client(base_url=live.url) as c:
         assert _login(c, other.api_key).status_code == 303
         assert c.get(f"/console/verify/{digest}").status_code == 404  # not this account's
+
+
+def test_the_alerts_card_shows_coarse_outcomes_and_past_deliveries_after_removal(
+    live: Server,
+) -> None:
+    """Issue 39: docs/security.md promises tenants coarse delivery outcomes, but the card
+    showed a receiver's exact status (200, 503, 418); and once the webhook was removed it
+    said "No webhook yet" above the deliveries it had made."""
+    from tests.test_egress import _answer, _read_body, serve
+    from walkeep.service import alerts
+
+    rt = live.rt
+    mine = accounts.create_account(rt.db, "coarse", credits_mc=100_000)
+    codes = [200, 503, 418]
+
+    def answer(h: Any) -> None:
+        _read_body(h)
+        _answer(h, codes[0])
+
+    with serve(answer) as base, httpx.Client(base_url=live.url) as c:
+        alerts.set_alert_webhook(rt, mine.account_id, base + "/hook")
+        for code in (200, 503, 418):
+            codes[0] = code
+            alerts.send_test_event(rt, mine.account_id)
+            alerts.deliver_alerts(rt)
+            rt.clock.advance(3600)  # type: ignore[attr-defined]
+        assert _login(c, mine.api_key).status_code == 303
+        page = c.get("/console/account").text
+        results = re.findall(r'data-label="Result"><span class="\w+">([^<]*)</span>', page)
+        assert sorted(results) == ["HTTP 4xx", "HTTP 5xx", "delivered"], results
+        assert not {"200", "503", "418"} & set(results)
+
+        alerts.remove_alert_webhook(rt, mine.account_id)
+        page = c.get("/console/account").text
+        card = page[page.index('id="alerts"') :]
+        assert "No webhook yet" not in card
+        assert "No webhook is set now" in card
+        assert card.index("No webhook is set now") < card.index('data-label="Result"')
+        assert len(re.findall(r'data-label="Result"', card)) == 3
+
+
+def test_one_epoch_is_singular_wherever_the_console_counts_epochs(live: Server) -> None:
+    """Issue 39: "1 epochs" on the account page (runway words, least runway, a memory's
+    runway, the alert threshold) and on the admin page."""
+    from tests.helpers import land_all
+    from walkeep.service import alerts
+    from walkeep.service.renewal_price import renewal_burn_mc_per_epoch
+    from walkeep.service.tools import store
+
+    rt = live.rt
+    content = "one epoch left for this memory"
+    # What one store costs and what renewing it costs an epoch, measured on a rich account,
+    # so that the tight one holds exactly one epoch of renewals after the same store.
+    rich = accounts.create_account(rt.db, "rich", credits_mc=10_000_000)
+    store.store(rt, rich.account_id, content=content, request_id="r")
+    assert rt.completer is not None and rt.completer.wait_idle(30)
+    land_all(rt)
+    cost = 10_000_000 - accounts.get_account(rt.db, rich.account_id).available_mc
+    burn, _ = renewal_burn_mc_per_epoch(rt, rich.account_id)
+    tight = accounts.create_account(rt.db, "tight", credits_mc=cost + burn)
+    store.store(rt, tight.account_id, content=content, request_id="r")
+    assert rt.completer.wait_idle(30)
+    land_all(rt)
+    assert accounts.get_account(rt.db, tight.account_id).available_mc == burn
+    alerts.set_alert_webhook(rt, tight.account_id, "https://ops.example/hooks", 1)
+    epoch = rt.chain.epoch_info().duration_seconds
+    rt.clock.advance(epoch * (rt.settings.initial_epochs - 1))  # type: ignore[attr-defined]
+
+    with httpx.Client(base_url=live.url) as c:
+        assert _login(c, tight.api_key).status_code == 303
+        page = c.get("/console/account").text
+    text = re.sub(r"<[^>]+>", " ", page)
+    text = re.sub(r"\s+", " ", text)
+    assert not re.search(r"\b1 epochs\b", text), re.findall(r".{40}\b1 epochs\b.{20}", text)
+    assert "1 epoch of renewals funded on top of 1 already paid" in text
+    assert "Least runway: 1 epoch " in text
+    assert re.search(r'data-label="Runway">1 epoch</td>', page)
+    assert "below 1 epoch of funded runway" in text
+
+    with httpx.Client(base_url=live.url) as c:
+        assert _login(c, ADMIN).status_code == 303
+        admin = c.get("/console/admin").text
+    assert re.search(r'data-label="Least runway">1 epoch</td>', admin)
+    assert not re.search(r">1 epochs<", admin)
 
 
 # --- issue 29: sessions end on the server, sign-in is throttled ------------------------------

@@ -42,6 +42,7 @@ RUNNABLE = {
     ("account", "list"),
     ("balance",),
     ("key", "create"),
+    ("key", "list"),
     ("credits", "grant"),
     ("statement",),
     ("console-link",),

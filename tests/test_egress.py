@@ -9,6 +9,7 @@ database test runs on SQLite and PostgreSQL.
 from __future__ import annotations
 
 import ipaddress
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -74,48 +75,70 @@ def test_non_public_receivers_are_refused_at_save_time(strict: Runtime, url: str
 
 
 class FakeDNS:
-    """Names → answers, one list per lookup (the last repeats); counts lookups."""
+    """``socket.getaddrinfo`` for chosen names: one answer list per lookup (the last
+    repeats; ``None``: no such name), each lookup of them counted; other hosts (the test
+    receivers' 127.0.0.1) go to the real resolver."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, table: dict[str, list[list[str]]]):
+    def __init__(
+        self, monkeypatch: pytest.MonkeyPatch, table: dict[str, list[list[str] | None]]
+    ) -> None:
         self.table = table
         self.lookups: list[str] = []
-        real_sync, real_async = egress.resolve, egress.resolve_async
+        real = socket.getaddrinfo
 
-        def answer(host: str) -> list[egress.IPAddress] | None:
-            if host not in self.table:
-                return None
-            self.lookups.append(host)
-            n = sum(1 for h in self.lookups if h == host) - 1
-            answers = self.table[host]
-            return [ipaddress.ip_address(a) for a in answers[min(n, len(answers) - 1)]]
+        def getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+            name = host.decode() if isinstance(host, bytes) else host
+            if name not in self.table:
+                return real(host, port, *args, **kwargs)
+            self.lookups.append(name)
+            n = self.lookups.count(name) - 1
+            answers = self.table[name]
+            answer = answers[min(n, len(answers) - 1)]
+            if answer is None:
+                raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+            out = []
+            for a in answer:
+                v6 = ":" in a
+                sockaddr = (a, int(port or 0), 0, 0) if v6 else (a, int(port or 0))
+                family = socket.AF_INET6 if v6 else socket.AF_INET
+                out.append((family, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", sockaddr))
+            return out
 
-        def sync(host: str, port: int) -> list[egress.IPAddress]:
-            got = answer(host)
-            return got if got is not None else real_sync(host, port)
-
-        async def async_(host: str, port: int) -> list[egress.IPAddress]:
-            got = answer(host)
-            return got if got is not None else await real_async(host, port)
-
-        monkeypatch.setattr(egress, "resolve", sync)
-        monkeypatch.setattr(egress, "resolve_async", async_)
+        monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
 
 
-def test_names_resolving_to_private_addresses_are_refused(
+INTERNAL_NAMES: dict[str, list[list[str] | None]] = {
+    "metadata.google.internal": [["169.254.169.254"]],
+    "db.corp.internal": [["10.1.2.3"]],
+    # One public and one private answer: refused, not a coin toss.
+    "mixed.example": [["93.184.216.34", "10.1.2.3"]],
+    "nothere.corp.internal": [None],
+}
+
+
+def test_saving_a_url_is_not_a_dns_oracle_for_internal_names(
     strict: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    FakeDNS(
-        monkeypatch,
-        {
-            "metadata.google.internal": [["169.254.169.254"]],
-            # One public and one private answer: refused, not a coin toss.
-            "mixed.example": [["93.184.216.34", "10.1.2.3"]],
-        },
-    )
-    acct = _acct(strict, "names")
-    for url in ("http://metadata.google.internal/computeMetadata/v1/", "https://mixed.example/"):
-        with pytest.raises(ValidationError):
-            alerts.set_alert_webhook(strict, acct, url)
+    """Regression (issue 39): a name resolving to a private address was refused when saved
+    and a name that does not exist was accepted, so saving told a tenant which internal
+    names exist. Now no name is looked up when saved, and every delivery to such a name
+    is recorded alike: ``unreachable``, whether it resolved privately or not at all."""
+    dns = FakeDNS(monkeypatch, INTERNAL_NAMES)
+    outcomes = {}
+    for i, name in enumerate(INTERNAL_NAMES):
+        acct = _acct(strict, f"oracle-{i}")
+        alerts.set_alert_webhook(strict, acct, f"http://{name}/hook")  # accepted, unasked
+        assert dns.lookups == []
+        alerts.send_test_event(strict, acct)
+        outcomes[name] = acct
+    report = alerts.deliver_alerts(strict)
+    assert report.attempted == len(INTERNAL_NAMES) and report.delivered == 0
+    assert sorted(dns.lookups) == sorted(INTERNAL_NAMES)  # once each, at send time
+    seen = set()
+    for acct in outcomes.values():
+        (d,) = _deliveries(strict, acct)
+        seen.add((d.ok, d.status_code, d.error, d.outcome))
+    assert seen == {(False, None, "unreachable", "unreachable")}
 
 
 # --- real receivers ---------------------------------------------------------------------
@@ -204,9 +227,7 @@ def test_dns_is_asked_once_and_the_checked_address_is_the_one_connected_to(
         rt.settings.alert_egress_allow = "127.0.0.1/32"
         acct = _acct(rt, "pinned")
         alerts.set_alert_webhook(rt, acct, f"http://hooks.example:{port}/hook")
-        assert dns.lookups == ["hooks.example"]  # the save-time check
-        dns.table["hooks.example"] = [["127.0.0.1"], ["10.9.9.9"]]
-        dns.lookups.clear()
+        assert dns.lookups == []  # names are looked up to send, not to save
         alerts.send_test_event(rt, acct)
         report = alerts.deliver_alerts(rt)
         assert report.delivered == 1, _deliveries(rt, acct)
@@ -217,7 +238,7 @@ def test_dns_is_asked_once_and_the_checked_address_is_the_one_connected_to(
         alerts.send_test_event(rt, acct)
         report = alerts.deliver_alerts(rt)
     assert report.delivered == 0 and len(seen.requests) == 1
-    assert _deliveries(rt, acct)[0].error == "refused by policy"
+    assert _deliveries(rt, acct)[0].error == "unreachable"  # as a name that does not resolve
 
 
 def test_redirects_are_not_followed(rt: Runtime) -> None:
@@ -241,14 +262,20 @@ def test_redirects_are_not_followed(rt: Runtime) -> None:
 def test_operator_allowlist_names_hosts_and_networks(
     strict: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    FakeDNS(monkeypatch, {"hooks.corp.example": [["10.20.30.40"]]})
     acct = _acct(strict, "allowed")
-    with pytest.raises(ValidationError):
-        alerts.set_alert_webhook(strict, acct, "http://hooks.corp.example/h")
-    strict.settings.alert_egress_allow = "hooks.corp.example"
-    alerts.set_alert_webhook(strict, acct, "http://hooks.corp.example/h")
-    with pytest.raises(ValidationError):  # the name is trusted, not its network
-        alerts.set_alert_webhook(strict, acct, "http://10.20.30.41/h")
+    seen = Seen()
+    with serve(seen.handler()) as base:
+        port = base.rsplit(":", 1)[1]
+        FakeDNS(monkeypatch, {"hooks.corp.example": [["127.0.0.1"]]})
+        alerts.set_alert_webhook(strict, acct, f"http://hooks.corp.example:{port}/h")
+        alerts.send_test_event(strict, acct)
+        assert alerts.deliver_alerts(strict).delivered == 0  # a private answer: not sent
+        assert seen.requests == [] and _deliveries(strict, acct)[0].error == "unreachable"
+        strict.settings.alert_egress_allow = "hooks.corp.example"
+        strict.clock.advance(3600)  # type: ignore[attr-defined]
+        assert alerts.deliver_alerts(strict).delivered == 1  # the named host may
+        with pytest.raises(ValidationError):  # the name is trusted, not its network
+            alerts.set_alert_webhook(strict, acct, "http://127.0.0.1/h")
     strict.settings.alert_egress_allow = "10.20.0.0/16, fd00::/8"
     alerts.set_alert_webhook(strict, acct, "http://10.20.30.41/h")
     alerts.set_alert_webhook(strict, acct, "http://[fd00::5]/h")
@@ -308,6 +335,100 @@ def test_a_trickling_receiver_holds_back_only_its_own_account(rt: Runtime) -> No
     assert elapsed < 2.5, "the slow delivery outlived its total deadline"
     (d,) = _deliveries(rt, slow)
     assert d.error == "timed out" and d.duration_ms < 2000
+
+
+@contextmanager
+def tarpit() -> Iterator[str]:
+    """A socket on 127.0.0.1 that accepts every connection and never answers."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=128)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def hold() -> None:
+        listener.settimeout(0.05)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            held.append(conn)  # read nothing, say nothing
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        listener.close()
+
+
+def test_many_tarpits_of_one_tenant_do_not_delay_another_accounts_alert(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (issue 39): 24 receivers that accept and never answer held all 8 slots
+    for their whole deadline, three waves in a row, before anyone else's alert went out
+    (30 s with the 10-s default). Another account's alert is now delivered within its own
+    deadline, long before the tarpits' run out (three 0.2-s slot turns here)."""
+    deadline = 3.0
+    rt.settings.alert_timeout_seconds = deadline
+    monkeypatch.setattr(alerts, "SLOT_SECONDS", 0.2)
+    assert rt.settings.alert_concurrency == 8
+    fast = Seen()
+    with tarpit() as slow_url, serve(fast.handler()) as fast_url:
+        tarpits = [_acct(rt, f"tarpit-{i}") for i in range(24)]
+        for acct in tarpits:
+            alerts.set_alert_webhook(rt, acct, slow_url + "/hook")
+            alerts.send_test_event(rt, acct)  # claimed first
+        rt.clock.advance(1)  # type: ignore[attr-defined]
+        victim = _acct(rt, "victim")
+        alerts.set_alert_webhook(rt, victim, fast_url + "/hook")
+        alerts.send_test_event(rt, victim)
+        started = time.monotonic()
+        report = alerts.deliver_alerts(rt)
+        elapsed = time.monotonic() - started
+    assert (report.attempted, report.delivered) == (25, 1)
+    (received_at, _, _) = fast.requests[0]
+    assert received_at - started < deadline, (
+        f"the victim's alert waited {received_at - started:.1f} s behind the tarpits"
+    )
+    assert elapsed < 2 * deadline, "the tarpits outlived their deadline"
+    assert {_deliveries(rt, a)[0].error for a in tarpits} == {"timed out"}
+
+
+def test_retries_queue_behind_first_attempts(rt: Runtime) -> None:
+    """With one slot, an account whose receiver failed last time waits for an account
+    sending its first event, even though its retry fell due earlier."""
+    rt.settings.alert_concurrency = 1
+    order: list[str] = []
+
+    def handler(name: str, code: int) -> Callable[[BaseHTTPRequestHandler], None]:
+        def handle(h: BaseHTTPRequestHandler) -> None:
+            _read_body(h)
+            order.append(name)
+            _answer(h, code)
+
+        return handle
+
+    codes = {"flaky": 500}
+    with (
+        serve(lambda h: handler("flaky", codes["flaky"])(h)) as flaky_url,
+        serve(handler("steady", 200)) as steady_url,
+    ):
+        flaky, steady = _acct(rt, "flaky"), _acct(rt, "steady")
+        alerts.set_alert_webhook(rt, flaky, flaky_url + "/hook")
+        alerts.send_test_event(rt, flaky)
+        assert alerts.deliver_alerts(rt).retrying == 1  # due again in 30 s
+        codes["flaky"] = 200
+        rt.clock.advance(31)  # type: ignore[attr-defined]
+        alerts.set_alert_webhook(rt, steady, steady_url + "/hook")
+        alerts.send_test_event(rt, steady)  # due now, after the retry
+        assert alerts.deliver_alerts(rt).delivered == 2
+    assert order == ["flaky", "steady", "flaky"]
 
 
 def test_a_huge_answer_is_not_read(rt: Runtime) -> None:

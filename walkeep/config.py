@@ -174,7 +174,11 @@ class Settings(BaseSettings):
         default=4096, ge=1, le=1024 * 1024, description="Bytes of a receiver's answer read."
     )
     alert_concurrency: int = Field(
-        default=8, ge=1, le=256, description="Deliveries in flight at once (one per account)."
+        default=8,
+        ge=1,
+        le=256,
+        description="Shared delivery slots (one delivery per account at a time); a delivery "
+        "slower than half a second moves aside, up to 4x as many (walkeep/service/alerts.py).",
     )
     alert_batch_per_account: int = Field(
         default=10,

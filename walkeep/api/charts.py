@@ -94,6 +94,78 @@ def _anchor(px: float, width: int) -> str:
     return "middle"
 
 
+# Labels are laid out before any browser measures them, so their width is estimated: a
+# 12-px label's characters average under 7.6 units (DejaVu Sans, the widest system-ui
+# face we meet, draws digits at 7.6), and GAP keeps neighbours visibly apart.
+CHAR_W = 7.6
+GAP = 6.0
+LABEL_ROW = 15  # marker labels that would collide drop to the next row, this far below
+MAX_LABEL_ROWS = 4
+
+
+def _span(px: float, text: str, anchor: str, dx: float = 0.0) -> tuple[float, float]:
+    """The estimated horizontal extent of ``text`` drawn at ``px + dx`` with ``anchor``."""
+    w = len(text) * CHAR_W
+    x = px + dx
+    if anchor == "start":
+        return x, x + w
+    if anchor == "end":
+        return x - w, x
+    return x - w / 2, x + w / 2
+
+
+def _clear(span: tuple[float, float], taken: Sequence[tuple[float, float]]) -> bool:
+    return all(span[1] + GAP <= a or b + GAP <= span[0] for a, b in taken)
+
+
+def _marker_labels(
+    markers: Sequence[tuple[float, str]], sx: Scale, width: int
+) -> list[tuple[float, str, str, int]]:
+    """(x, anchor, label, row) for each marker: beside its rule (right of it in the left
+    half, left of it in the right half), on the first row where it overlaps no other
+    marker's label, else on the other side ("now" and "renewals stop" one pixel apart
+    used to print on top of each other)."""
+    lo, hi = PAD_LEFT, width - PAD_RIGHT
+    rows: list[list[tuple[float, float]]] = [[] for _ in range(MAX_LABEL_ROWS)]
+    out = []
+    for x, label in markers:
+        px = sx(x)
+        sides = ["start", "end"] if px < (lo + hi) / 2 else ["end", "start"]
+        choice = None
+        # Its usual side on any row first: a label that flips side reads as the other rule's.
+        for side, row in ((side, row) for side in sides for row in range(MAX_LABEL_ROWS)):
+            span = _span(px, label, side, 3 if side == "start" else -3)
+            if span[0] >= lo and span[1] <= hi and _clear(span, rows[row]):
+                choice = (side, row, span)
+                break
+        if choice is None:  # no room anywhere: the last row, on the roomier side
+            side = "start" if hi - px >= px - lo else "end"
+            row = MAX_LABEL_ROWS - 1
+            choice = (side, row, _span(px, label, side, 3 if side == "start" else -3))
+        side, row, span = choice
+        rows[row].append(span)
+        out.append((px, side, label, row))
+    return out
+
+
+def _tick_labels(
+    ticks: Sequence[tuple[float, str]], sx: Scale, width: int
+) -> list[tuple[float, str, str]]:
+    """(x, anchor, label) of the x-axis ticks that fit, in the order given (callers list
+    the most important first): a tick that would overlap one already placed is left out."""
+    placed: list[tuple[float, float]] = []
+    out = []
+    for x, label in ticks:
+        px = sx(x)
+        anchor = _anchor(px, width)
+        span = _span(px, label, anchor)
+        if span[0] < 0 or span[1] > width or not _clear(span, placed):
+            continue
+        placed.append(span)
+        out.append((px, anchor, label))
+    return out
+
+
 def line_chart(
     series: Sequence[Series],
     *,
@@ -104,7 +176,11 @@ def line_chart(
     width: int = WIDTH,
     height: int = HEIGHT,
 ) -> str:
-    """A line chart; y starts at 0. ``markers`` draw labelled vertical rules at x values."""
+    """A line chart; y starts at 0. ``markers`` draw labelled vertical rules at x values.
+
+    No two labels overlap: a marker's label moves to its rule's other side or a lower
+    row, and an x tick that would overlap an earlier one in ``x_ticks`` is left out.
+    """
     xs = [x for s in series for x, _ in s.points] + [m[0] for m in markers]
     ys = [y for s in series for _, y in s.points]
     if not xs:
@@ -114,20 +190,17 @@ def line_chart(
     sx = Scale(x_lo, x_hi, PAD_LEFT, width - PAD_RIGHT)
     sy = Scale(0, y_hi, height - PAD_BOTTOM, PAD_TOP)
     parts = [_open(title, width, height), _grid(sy, y_hi, y_format, width)]
-    for x, label in x_ticks:
-        px = sx(x)
+    for px, anchor, label in _tick_labels(x_ticks, sx, width):
         parts.append(
             f'<text class="tick" x="{_fmt(px)}" y="{height - 8}" '
-            f'text-anchor="{_anchor(px, width)}">{escape(label)}</text>'
+            f'text-anchor="{anchor}">{escape(label)}</text>'
         )
-    for x, label in markers:
-        px = sx(x)
-        left = px < (PAD_LEFT + width - PAD_RIGHT) / 2
+    for px, side, label, row in _marker_labels(markers, sx, width):
         parts.append(
             f'<line class="marker" x1="{_fmt(px)}" y1="{PAD_TOP}" x2="{_fmt(px)}" '
             f'y2="{height - PAD_BOTTOM}"/><text class="marker-label" x="{_fmt(px)}" '
-            f'y="{PAD_TOP + 10}" text-anchor="{"start" if left else "end"}" '
-            f'dx="{3 if left else -3}">{escape(label)}</text>'
+            f'y="{PAD_TOP + 10 + row * LABEL_ROW}" text-anchor="{side}" '
+            f'dx="{3 if side == "start" else -3}">{escape(label)}</text>'
         )
     for s in series:
         if not s.points:

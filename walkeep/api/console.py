@@ -58,7 +58,7 @@ from walkeep.service.operators import autotopup as auto_svc
 from walkeep.service.operators import console as svc
 from walkeep.service.runtime import Runtime
 from walkeep.service.tools import balance, topup
-from walkeep.service.tools.views import short_duration
+from walkeep.service.tools.views import epochs_text, short_duration
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +101,11 @@ def when(at: datetime | None) -> str:
     return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC") if at else "—"
 
 
+def epochs(n: int | None) -> str:
+    """'1 epoch', '3 epochs', or a dash for none."""
+    return "—" if n is None else epochs_text(n)
+
+
 def short(text: str | None, n: int = 10) -> str:
     if not text:
         return "—"
@@ -122,9 +127,9 @@ def prose(text: str | None) -> Markup:
     """A message for people: escaped, with `backticked` commands shown as code.
 
     Messages are shared with the CLI and tools, where backticks mark commands; in HTML
-    they showed as literal backticks."""
+    they showed as literal backticks. As commands they wrap between words (``cmd``)."""
     escaped = str(escape(text or ""))
-    return Markup(_CODE_SPAN.sub(r"<code>\1</code>", escaped))
+    return Markup(_CODE_SPAN.sub(r'<code class="cmd">\1</code>', escaped))
 
 
 _env.filters.update(
@@ -135,6 +140,7 @@ _env.filters.update(
     short=short,
     size=size,
     duration=short_duration,
+    epochs=epochs,
 )
 
 
@@ -556,7 +562,9 @@ def balance_chart(view: svc.AccountView, *, width: int, height: int) -> str:
 
     History spans hours to months while the projection can span years, so the x
     axis is piecewise: history fills the left 40 %, the projection the rest, and
-    "now" is where they meet (ticks carry the real dates).
+    "now" is where they meet. So each piece is labelled at both ends — the first
+    entry, now, the last projected point, and when renewals stop if there is room —
+    and the legend says the scale changes at "now".
     """
     now = view.now.timestamp()
     first = view.history[0].at.timestamp() if view.history else now
@@ -569,17 +577,25 @@ def balance_chart(view: svc.AccountView, *, width: int, height: int) -> str:
         return split + (1 - split) * (t - now) / (last - now) if last > now else split
 
     fmt = "%b %d" if last - first > 2 * 86400 else "%b %d %H:%M"
+    first_day = datetime.fromtimestamp(first, UTC).date()
 
     def day(t: float) -> str:
-        return datetime.fromtimestamp(t, UTC).strftime(fmt)
+        """A tick's date; only the time for a later tick of the first tick's day (a phone's
+        narrow chart has no room to repeat "Nov 30" under "now")."""
+        at = datetime.fromtimestamp(t, UTC)
+        later_same_day = t > first and at.date() == first_day and "%H" in fmt
+        return at.strftime("%H:%M" if later_same_day else fmt)
 
     hist = [(x_of(p.at.timestamp()), p.mc / ledger.MC_PER_CREDIT) for p in view.history]
     proj = [(x_of(p.at.timestamp()), p.mc / ledger.MC_PER_CREDIT) for p in view.projection]
+    # Most important first: a tick that would overlap an earlier one is left out.
     ticks = [(0.0, day(first))] if split else []
-    ticks.append((1.0, day(last)))
+    ticks += [(1.0, day(last)), (split, day(now))]
     markers = [(split, "now")]
     if view.funded_until is not None and view.funded_until.timestamp() < last:
-        markers.append((x_of(view.funded_until.timestamp()), "renewals stop"))
+        stop = view.funded_until.timestamp()
+        markers.append((x_of(stop), "renewals stop"))
+        ticks.append((x_of(stop), day(stop)))
     return charts.line_chart(
         [
             charts.Series(hist, "line-history", "balance (credits)", step=True),

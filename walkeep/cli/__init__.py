@@ -32,7 +32,7 @@ app = typer.Typer(
     add_completion=False,
 )
 account_app = typer.Typer(help="Create and inspect accounts.", no_args_is_help=True)
-key_app = typer.Typer(help="Create and revoke API keys.", no_args_is_help=True)
+key_app = typer.Typer(help="Create, list and revoke API keys.", no_args_is_help=True)
 credits_app = typer.Typer(help="Grant credits.", no_args_is_help=True)
 index_app = typer.Typer(help="Recall's search index (derived data).", no_args_is_help=True)
 alerts_app = typer.Typer(help="Webhook alerts before anything pauses.", no_args_is_help=True)
@@ -83,6 +83,7 @@ account_app.command("list")(accounts.account_list)
 
 app.add_typer(key_app, name="key")
 key_app.command("create")(accounts.key_create)
+key_app.command("list")(accounts.key_list)
 key_app.command("revoke")(accounts.key_revoke)
 
 app.add_typer(credits_app, name="credits")

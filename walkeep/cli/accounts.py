@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -17,6 +18,7 @@ from walkeep.cli._common import (
     _runtime,
     _settings,
     _usd,
+    _when,
     open_db,
 )
 
@@ -114,7 +116,7 @@ def key_create(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
-    """Create another API key for an account (shown once)."""
+    """Create another API key for an account (shown once; its prefix names it later)."""
     from walkeep.service.operators import accounts
 
     db = open_db()
@@ -122,17 +124,67 @@ def key_create(
     _emit(
         {"account_id": created.account_id, "api_key": created.api_key, "prefix": created.prefix},
         as_json,
-        f"API key for {created.account_id} (shown once): {created.api_key}",
+        f"API key for {created.account_id} (shown once): {created.api_key}\n"
+        f"prefix: {created.prefix} (what `walkeep key list` shows and "
+        "`walkeep key revoke` takes)",
     )
 
 
-def key_revoke(prefix: Annotated[str, typer.Argument(help="The key's display prefix.")]) -> None:
-    """Revoke an API key by its display prefix (e.g. wk_live_AbCd1234)."""
+def key_list(
+    account: Annotated[str, typer.Option("--account", help="Account id or name.")],
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+) -> None:
+    """An account's API keys: prefix, default namespace, created, last used (to within
+    a minute) and revoked. Never the keys themselves."""
     from walkeep.service.operators import accounts
 
     db = open_db()
-    account_id = accounts.revoke_key(db, prefix)
-    typer.echo(f"revoked {prefix} (account {account_id})")
+    account_id = _resolve_account(db, account)
+    keys = accounts.list_keys(db, account_id)
+    if as_json:
+        typer.echo(
+            json.dumps(
+                [
+                    {
+                        "prefix": k.prefix,
+                        "namespace": k.default_namespace,
+                        "created_at": _when(k.created_at),
+                        "last_used_at": _when(k.last_used_at),
+                        "revoked_at": _when(k.revoked_at),
+                    }
+                    for k in keys
+                ]
+            )
+        )
+        return
+
+    def minute(at: datetime | None, never: str) -> str:
+        return at.strftime("%Y-%m-%d %H:%M") if at is not None else never
+
+    typer.echo(f"API keys of {account_id} (last used: to within a minute; times UTC)")
+    typer.echo(f"{'PREFIX':<18} {'NAMESPACE':<16} {'CREATED':<16}  {'LAST USED':<16}  STATUS")
+    for k in keys:
+        ns = k.default_namespace or "-"
+        ns = ns if len(ns) <= 16 else ns[:15] + "…"
+        status = f"revoked {minute(k.revoked_at, '')}" if k.revoked_at else "active"
+        typer.echo(
+            f"{k.prefix:<18} {ns:<16} {minute(k.created_at, '-'):<16}  "
+            f"{minute(k.last_used_at, 'never'):<16}  {status}"
+        )
+
+
+def key_revoke(
+    key: Annotated[
+        str, typer.Argument(help="The key's prefix (as `key list` shows it) or the whole key.")
+    ],
+) -> None:
+    """Revoke an API key by its prefix (e.g. wk_live_AbCd1234) or the whole key."""
+    from walkeep.service.operators import accounts
+
+    db = open_db()
+    revoked = accounts.revoke_key(db, key)
+    note = " (it was already revoked)" if revoked.already else ""
+    typer.echo(f"revoked {revoked.prefix} (account {revoked.account_id}){note}")
 
 
 def credits_grant(

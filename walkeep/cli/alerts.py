@@ -24,6 +24,7 @@ def alerts_set(
 ) -> None:
     """Set the account's alert webhook; prints a new signing secret (shown once)."""
     from walkeep.service import alerts
+    from walkeep.service.tools.views import epochs_text
 
     rt = _runtime()
     account_id = _resolve_account(rt.db, account)
@@ -40,7 +41,7 @@ def alerts_set(
         data,
         as_json,
         f"alerts for {account_id} → {view.url} (balance.low below "
-        f"{view.threshold_epochs} epochs)\n"
+        f"{epochs_text(view.threshold_epochs)})\n"
         f"signing secret (shown once, store it now): {secret}",
     )
 
@@ -52,6 +53,7 @@ def alerts_show(
 ) -> None:
     """Show the webhook (never the secret) and the latest delivery attempts."""
     from walkeep.service import alerts
+    from walkeep.service.tools.views import epochs_text
 
     rt = _runtime()
     account_id = _resolve_account(rt.db, account)
@@ -81,7 +83,7 @@ def alerts_show(
     }
     lines = [
         f"{account_id} → {view.url}  secret {view.secret_hint}",
-        f"balance.low below {view.threshold_epochs} epochs (now "
+        f"balance.low below {epochs_text(view.threshold_epochs)} (now "
         f"{'low' if view.balance_low else 'ok'}), {view.pending_events} event(s) pending",
     ]
     for d in deliveries:

@@ -122,6 +122,8 @@ class ApiKey(Base):
     default_namespace: Mapped[str | None] = mapped_column(String(255))
     created_at: Mapped[datetime]
     revoked_at: Mapped[datetime | None]
+    # To within a minute: written when a lookup finds it older than that (accounts.py).
+    last_used_at: Mapped[datetime | None]
 
 
 class LedgerEntry(Base):

@@ -17,10 +17,12 @@ The worker job ``deliver_alerts`` (:func:`deliver_alerts`) first evaluates
 ``balance.low`` for every account with a webhook, then POSTs due events through
 the egress policy (:mod:`walkeep.egress`: no private addresses unless the operator
 allows them, the checked address is the one connected to, no redirects, one total
-deadline per delivery, a few KiB read back). Accounts are delivered concurrently
-(``alert_concurrency`` in flight), each account's events one after another, so a
-slow or hostile receiver holds back only its own account; a failure backs the whole
-account off (30 s, 60 s, … capped), not just the event. At least once: a crash
+deadline per delivery, a few KiB read back). Accounts are delivered concurrently,
+each account's events one after another (one in flight per account), and slots are
+shared fairly (:class:`_Slots`): a delivery that does not finish promptly gives its slot
+to the next account, so receivers that accept and never answer — even many, of one
+tenant — hold back only their own accounts; a failure backs the whole account off
+(30 s, 60 s, … capped), not just the event, and retries queue behind first attempts. At least once: a crash
 after a send and before its record re-sends after a lease. Each attempt is
 recorded in ``alert_deliveries`` with a coarse outcome (``delivered``, ``refused by
 policy``, ``unreachable``, ``timed out``, ``HTTP 5xx``), never exception text: the
@@ -44,7 +46,7 @@ import hmac
 import json
 import logging
 import secrets
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -87,6 +89,10 @@ SIGNATURE_HEADER = "Walkeep-Signature"
 BACKOFF_BASE_SECONDS = 30
 # A claimed event is re-sent after this long if its sender died before recording.
 LEASE_SECONDS = 300
+# A delivery keeps a shared slot for this long at most (or half its deadline), then
+# finishes in the slow lane, which holds SLOW_LANE_FACTOR × alert_concurrency (_Slots).
+SLOT_SECONDS = 0.5
+SLOW_LANE_FACTOR = 4
 
 
 def new_event_id() -> str:
@@ -120,6 +126,12 @@ class DeliveryView:
     attempted_at: datetime
     url: str
     event_status: str  # pending | delivered | failed
+
+    @property
+    def outcome(self) -> str:
+        """All a tenant reads of the attempt (docs/security.md): ``delivered``, ``HTTP
+        4xx``, ``unreachable``…, never the receiver's exact status or an exception."""
+        return egress.DELIVERED if self.ok else (self.error or egress.UNREACHABLE)
 
 
 def validate_url(url: object) -> str:
@@ -156,10 +168,9 @@ def validate_url(url: object) -> str:
 
 
 def check_egress(rt: Runtime, url: str) -> None:
-    """Save-time half of the egress policy: VALIDATION_ERROR for a non-public receiver.
-
-    The message does not repeat what the host resolved to: a tenant learns that the
-    URL is refused, not the layout of the operator's network.
+    """Save-time half of the egress policy: VALIDATION_ERROR for a receiver whose host is
+    a refused address literal (or ``localhost``). Names are not looked up here, so saving
+    does not tell a tenant which internal names exist; each delivery checks them.
     """
     try:
         egress.check_url(url, rt.settings.egress_policy)
@@ -551,8 +562,46 @@ def deliver_alerts(rt: Runtime, *, limit: int = 100, event_id: str | None = None
     return report
 
 
+class _Slots:
+    """One run's delivery slots, shared fairly between accounts.
+
+    A delivery starts in one of ``n`` shared slots (first come, first served; the run
+    queues accounts whose receiver failed last time behind the others). Once it has
+    taken ``prompt`` seconds it hands that slot to the next account and finishes in the
+    slow lane (``SLOW_LANE_FACTOR × n``), or keeps the slot while the lane is full. With
+    one delivery in flight per account, 24 accounts whose receivers accept and never
+    answer delay another account's alert by ``prompt`` per ``n`` of them — not by their
+    whole deadline (three 10-s waves with 8 slots) — and at most ``(1 +
+    SLOW_LANE_FACTOR) × n`` connections are ever open.
+    """
+
+    def __init__(self, n: int, prompt: float) -> None:
+        self.shared = asyncio.Semaphore(n)
+        self.slow = asyncio.Semaphore(SLOW_LANE_FACTOR * n)
+        self.prompt = prompt
+
+    async def run(self, send: Coroutine[Any, Any, egress.Sent]) -> egress.Sent:
+        await self.shared.acquire()
+        task = asyncio.ensure_future(send)
+        holds_shared, holds_slow = True, False
+        try:
+            await asyncio.wait({task}, timeout=self.prompt)
+            if not task.done() and not self.slow.locked():
+                await self.slow.acquire()  # a free slot: taken without waiting
+                holds_slow = True
+                self.shared.release()
+                holds_shared = False
+            return await task
+        finally:
+            task.cancel()  # a no-op once done; stops the send if this run is cancelled
+            if holds_shared:
+                self.shared.release()
+            if holds_slow:
+                self.slow.release()
+
+
 async def _deliver(rt: Runtime, due: Sequence[_Due], report: DeliverReport) -> None:
-    """Every account's events at once (bounded), each account's in order.
+    """Every account's events at once (fair slots, :class:`_Slots`), each account's in order.
 
     An account stops at its first failure: its other claimed events are released
     with the same back-off, so a receiver that is down is not sent N events in a row.
@@ -560,22 +609,24 @@ async def _deliver(rt: Runtime, due: Sequence[_Due], report: DeliverReport) -> N
     by_account: dict[str, list[_Due]] = {}
     for d in due:
         by_account.setdefault(d.account_id, []).append(d)
-    gate = asyncio.Semaphore(rt.settings.alert_concurrency)
+    deadline = rt.settings.alert_timeout_seconds
+    slots = _Slots(rt.settings.alert_concurrency, min(SLOT_SECONDS, deadline / 2))
     policy = rt.settings.egress_policy
 
     async def account(events: list[_Due]) -> None:
         for i, d in enumerate(events):
             body = d.body.encode()
-            async with gate:
-                sent = await egress.send(
+            sent = await slots.run(
+                egress.send(
                     d.url,
                     body=body,
                     headers=_headers(rt, d, body),
                     policy=policy,
-                    deadline_seconds=rt.settings.alert_timeout_seconds,
+                    deadline_seconds=deadline,
                     max_response_bytes=rt.settings.alert_max_response_bytes,
                     transport=rt.extras.get("alert_transport"),
                 )
+            )
             if sent.detail:
                 log.info(
                     "alert %s to account %s: %s (%s)",
@@ -597,7 +648,9 @@ async def _deliver(rt: Runtime, due: Sequence[_Due], report: DeliverReport) -> N
             if not sent.ok:
                 return
 
-    await asyncio.gather(*(account(events) for events in by_account.values()))
+    # Accounts whose receiver failed last time (their first event is a retry) queue last.
+    queue = sorted(by_account.values(), key=lambda events: events[0].attempts > 0)
+    await asyncio.gather(*(account(events) for events in queue))
 
 
 def _record(rt: Runtime, d: _Due, sent: egress.Sent, released: list[str]) -> str:

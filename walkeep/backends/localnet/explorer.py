@@ -130,7 +130,14 @@ h1{font-size:1.3em;overflow-wrap:anywhere}h2{font-size:1.05em;margin-top:1.4em}
 table.list th{width:auto}
 table.list{display:block;overflow-x:auto}
 .nowrap{white-space:nowrap}
-@media (max-width:40em){th{width:7em}main{padding:0 .6em}}
+table.stack th{width:auto}
+@media (max-width:40em){th{width:7em}main{padding:0 .6em}
+table.stack thead{display:none}
+table.stack,table.stack tbody,table.stack tr,table.stack td{display:block;width:100%}
+table.stack tr{border-bottom:2px solid #e3e6eb;padding:.3em 0}
+table.stack td{border:0;padding:.15em .7em;display:flex;gap:.6em;box-sizing:border-box}
+table.stack td::before{content:attr(data-label);flex:0 0 6.5em;color:#555;font-weight:600}
+table.stack td>*{min-width:0}}
 .pager{margin:-.8em 0 1.4em}
 """
 
@@ -257,15 +264,20 @@ def object_html(data: dict[str, Any]) -> HTMLResponse:
         ]
     )
     if data["extensions"]:
+        # A table on a desktop, labelled rows on a phone (class "stack"): five columns
+        # with a digest and a timestamp made the page 507 px wide at 390.
         rows = "".join(
-            f"<tr><td>{_tx_link(e['digest'])}</td><td>{_e(e['epoch'])}</td>"
-            f"<td>{_e(e['timestamp'])}</td><td>{_e(e['epochs'])}</td>"
-            f"<td>{_e(e['old_end_epoch'])} → {_e(e['new_end_epoch'])}</td></tr>"
+            f"<tr><td data-label='Transaction'>{_tx_link(e['digest'])}</td>"
+            f"<td data-label='Epoch'>{_e(e['epoch'])}</td>"
+            f"<td data-label='Time'><span>{_e(e['timestamp'])}</span></td>"
+            f"<td data-label='k'>{_e(e['epochs'])}</td>"
+            f"<td data-label='End epoch'>{_e(e['old_end_epoch'])} → "
+            f"{_e(e['new_end_epoch'])}</td></tr>"
             for e in data["extensions"]
         )
         ext = (
-            "<table><tr><th>Transaction</th><th>Epoch</th><th>Time</th><th>k</th>"
-            f"<th>End epoch</th></tr>{rows}</table>"
+            "<table class='stack'><thead><tr><th>Transaction</th><th>Epoch</th><th>Time</th>"
+            f"<th>k</th><th>End epoch</th></tr></thead><tbody>{rows}</tbody></table>"
         )
     else:
         ext = "<p>Never extended.</p>"

@@ -2,23 +2,35 @@
 
 Keys are shown once, at creation. The database keeps only their SHA-256 and a
 short display prefix, so a leaked database does not leak working keys.
+
+A key's last use is recorded to within a minute, never per request: a lookup (each
+process caches a looked-up key for a few seconds, walkeep/api/auth.py) writes the time
+only when the stored one is older than ``LAST_USED_EVERY``, so a busy key costs at most
+one small update a minute, and that update never waits for SQLite's write lock.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from sqlalchemy import select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import ColumnElement, or_, select, update
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from walkeep import ids, ledger
+from walkeep import ids, ledger, nowait
 from walkeep.db import Database
 from walkeep.db.models import Account, ApiKey, ConsoleSession
 from walkeep.errors import NotFound, Unauthorized, ValidationError
 from walkeep.ledger import Kind
 from walkeep.service.namespaces import validate_namespace
 from walkeep.service.pausing import Reach, resume_paused
+
+log = logging.getLogger(__name__)
+
+# A lookup records the key's use when the stored time is older than this. With lookups
+# cached for at most a few seconds, the recorded time is within a minute of the last use.
+LAST_USED_EVERY = timedelta(seconds=50)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,13 +103,39 @@ def create_key(
     return CreatedKey(key_id, account_id, key, prefix, default_namespace)
 
 
-def revoke_key(db: Database, prefix: str) -> str:
-    """Revoke the key with this display prefix; returns its account id."""
+def _key_match(key: str) -> tuple[ColumnElement[bool], str]:
+    """The row condition for a key given whole (matched by its hash) or by its display
+    prefix, and the words for "not found" (never repeating a key's secret part)."""
+    key = key.strip()
+    if key.startswith(ids.API_KEY_PREFIXES) and len(key) > len(ids.api_key_display_prefix(key)):
+        shown = ids.api_key_display_prefix(key)
+        return ApiKey.key_hash == ids.api_key_hash(key), (
+            f"no API key is the key given (it starts {shown!r}); give the whole key or its "
+            "prefix, as `walkeep key list --account NAME` shows it"
+        )
+    return ApiKey.prefix == key, f"no API key with prefix {key!r}"
+
+
+@dataclass(frozen=True, slots=True)
+class RevokedKey:
+    account_id: str
+    prefix: str
+    already: bool  # it had been revoked before: nothing changed
+
+
+def revoke_key(db: Database, key: str) -> RevokedKey:
+    """Revoke the key given by its display prefix or whole.
+
+    Whole keys are matched by their hash (what the database keeps), so an operator can
+    paste the key a leak exposed without working out its prefix first.
+    """
+    match, missing = _key_match(key)
     with db.begin() as s:
-        row = s.scalar(select(ApiKey).where(ApiKey.prefix == prefix))
+        row = s.scalar(select(ApiKey).where(match))
         if row is None:
-            raise NotFound(f"no API key with prefix {prefix!r}", {"prefix": prefix})
-        if row.revoked_at is None:
+            raise NotFound(missing, {})
+        already = row.revoked_at is not None
+        if not already:
             row.revoked_at = db.clock.now()
             # Its console sessions end with it, and the account's link sessions too: no
             # key vouches for them any more (a revocation is how an operator answers a
@@ -111,7 +149,37 @@ def revoke_key(db: Database, prefix: str) -> str:
                 )
                 .values(ended_at=row.revoked_at)
             )
-        return row.account_id
+        return RevokedKey(row.account_id, row.prefix, already)
+
+
+@dataclass(frozen=True, slots=True)
+class KeyView:
+    """One key as ``walkeep key list`` shows it (never the key itself)."""
+
+    prefix: str
+    default_namespace: str | None
+    created_at: datetime
+    last_used_at: datetime | None  # to within a minute (LAST_USED_EVERY)
+    revoked_at: datetime | None
+
+
+def list_keys(db: Database, account_id: str) -> list[KeyView]:
+    """The account's keys, oldest first, revoked ones included (marked)."""
+    with db.read() as s:
+        if s.get(Account, account_id) is None:
+            raise NotFound(f"unknown account {account_id}", {"account_id": account_id})
+        rows = s.execute(
+            select(
+                ApiKey.prefix,
+                ApiKey.default_namespace,
+                ApiKey.created_at,
+                ApiKey.last_used_at,
+                ApiKey.revoked_at,
+            )
+            .where(ApiKey.account_id == account_id)
+            .order_by(ApiKey.created_at, ApiKey.prefix)
+        ).all()
+    return [KeyView(*row) for row in rows]
 
 
 def authenticate(db: Database, api_key: str) -> Principal:
@@ -125,6 +193,7 @@ def authenticate(db: Database, api_key: str) -> Principal:
                 ApiKey.account_id,
                 ApiKey.default_namespace,
                 ApiKey.revoked_at,
+                ApiKey.last_used_at,
                 Account.disabled_at,
             )
             .join(Account, Account.id == ApiKey.account_id)
@@ -132,9 +201,34 @@ def authenticate(db: Database, api_key: str) -> Principal:
         ).one_or_none()
     if row is None or row.revoked_at is not None or row.disabled_at is not None:
         raise Unauthorized("unknown or revoked API key")
+    _note_use(db, row.id, row.last_used_at)
     return Principal(
         account_id=row.account_id, key_id=row.id, default_namespace=row.default_namespace
     )
+
+
+def _note_use(db: Database, key_id: str, last_used_at: datetime | None) -> None:
+    """Record that the key was used now, if the stored time is older than
+    ``LAST_USED_EVERY``. Best effort: it never waits for SQLite's write lock (busy: the
+    next lookup records it) and a failure is logged, never the caller's."""
+    now = db.clock.now()
+    stale = now - LAST_USED_EVERY
+    if last_used_at is not None and last_used_at > stale:
+        return
+    try:
+        with nowait.no_wait(), db.begin() as s:
+            s.execute(
+                update(ApiKey)
+                .where(
+                    ApiKey.id == key_id,
+                    or_(ApiKey.last_used_at.is_(None), ApiKey.last_used_at <= stale),
+                )
+                .values(last_used_at=now)
+            )
+    except nowait.WouldWait:
+        return
+    except SQLAlchemyError as exc:
+        log.warning("could not record an API key's last use: %s", type(exc).__name__)
 
 
 def grant(

@@ -14,7 +14,7 @@ from walkeep.service.renewal_price import (
 )
 from walkeep.service.runtime import Runtime
 from walkeep.service.tools.schemas import AutoTopUpView, BalanceResult, LastAttempt
-from walkeep.service.tools.views import human_duration
+from walkeep.service.tools.views import epochs_text, human_duration
 
 # The size an "average memory" estimate assumes (a short fact is far below it).
 TYPICAL_MEMORY_BYTES = 1024
@@ -90,7 +90,8 @@ def check_balance(rt: Runtime, account_id: str) -> BalanceResult:
         epochs = available // burn + (min_runway or 0)
         funded = (
             f"{human_duration(epochs * epoch_seconds)} at current usage "
-            f"({available // burn} epochs of renewals funded on top of {min_runway or 0} already paid)"
+            f"({epochs_text(available // burn)} of renewals funded on top of "
+            f"{min_runway or 0} already paid)"
         )
     return BalanceResult(
         balance_credits=ledger.credits_display(available),

@@ -68,6 +68,11 @@ def human_duration(seconds: float) -> str:
     return "less than a minute"
 
 
+def epochs_text(n: int) -> str:
+    """'1 epoch', '3 epochs': a count of epochs as people write it."""
+    return f"{n} epoch" if n == 1 else f"{n} epochs"
+
+
 def short_duration(seconds: float) -> str:
     """An exact-enough length for an epoch or an interval: '30 s', '1.5 min', '1 h', '14 d'.
 
