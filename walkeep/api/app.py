@@ -28,7 +28,13 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from walkeep import __version__, metrics
-from walkeep.api.auth import BearerAccountMiddleware, KeyCache, challenge, protected_resource_routes
+from walkeep.api.auth import (
+    BearerAccountMiddleware,
+    KeyCache,
+    KnownKeys,
+    challenge,
+    protected_resource_routes,
+)
 from walkeep.api.middleware import (
     WEBHOOK_MAX_BODY,
     BodyLimit,
@@ -107,9 +113,11 @@ def create_app(
 
     # SQLite: checkpoint the WAL on a thread of its own, not in a request's commit.
     checkpointer = WalCheckpointer(rt.db) if rt.db.sqlite_path is not None else None
+    known_keys = KnownKeys(rt.db)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await anyio.to_thread.run_sync(known_keys.start)
         if checkpointer is not None:
             checkpointer.start()
         if rt.completer is not None:
@@ -126,6 +134,7 @@ def create_app(
                     await anyio.to_thread.run_sync(rt.completer.stop)
                 if checkpointer is not None:
                     await anyio.to_thread.run_sync(checkpointer.stop)
+                await anyio.to_thread.run_sync(known_keys.stop)
                 await rt.db.close_loop()
 
     app = WalkeepApp(
@@ -138,7 +147,7 @@ def create_app(
         redoc_url=None,
     )
     app.state.runtime = rt
-    app.state.keys = KeyCache(rt)
+    app.state.keys = KeyCache(rt, known=known_keys)
     app.state.mcp = mcp
     _install_error_handlers(app)
     app.include_router(rest_router)
@@ -152,19 +161,35 @@ def create_app(
     mcp_endpoint = BearerAccountMiddleware(SurrogateGuard(mcp_asgi), app.state.keys)
     app.router.routes.append(Route("/mcp", endpoint=mcp_endpoint, methods=["POST"]))
     # Outermost last: RequestLog sees every response, BodyLimit runs before any read.
-    # One gate for both paths: bodies of callers whose key is not known yet.
-    keys: KeyCache = app.state.keys
-    guests = GuestGate(rt.settings.max_guest_requests, known=keys.known_caller)
+    # One gate for both paths: guests' bodies in slots, each valid key's in bytes.
+    guests = GuestGate(
+        rt.settings.max_guest_requests,
+        known=known_keys.tag_of,
+        key_bytes=rt.settings.max_body_bytes_per_key,
+    )
     read_seconds = rt.settings.body_read_seconds
+    guest_seconds = rt.settings.guest_body_read_seconds
     app.add_middleware(PageHeaders)
-    app.add_middleware(BodyLimit, limits=limits, read_seconds=read_seconds, guests=guests)
+    app.add_middleware(
+        BodyLimit,
+        limits=limits,
+        read_seconds=read_seconds,
+        guest_read_seconds=guest_seconds,
+        guests=guests,
+    )
     app.add_middleware(RequestLog)
     # Starlette's trailing-slash redirect builds an absolute URL from the Host header
     # (`GET /console/` with `Host: evil.example` redirected there). Redirects here are
     # relative paths only; `/console/` has its own route.
     app.router.redirect_slashes = False
     app.mcp_calls = RequestLog(
-        BodyLimit(mcp_endpoint, limits=limits, read_seconds=read_seconds, guests=guests)
+        BodyLimit(
+            mcp_endpoint,
+            limits=limits,
+            read_seconds=read_seconds,
+            guest_read_seconds=guest_seconds,
+            guests=guests,
+        )
     )
     app.pressure = rt.pressure
     return app

@@ -23,6 +23,7 @@ secret): N processes racing to create the same files would be safe, but not obvi
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import gc
 import logging
@@ -38,6 +39,11 @@ from fastapi import FastAPI
 from sqlalchemy.engine import make_url
 from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors.multiprocess import Multiprocess
+
+try:  # what uvicorn's "auto" picks: httptools when installed (a dependency), else h11
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _HttpProtocol
+except ImportError:  # pragma: no cover
+    from uvicorn.protocols.http.h11_impl import H11Protocol as _HttpProtocol  # type: ignore[assignment]
 
 from walkeep.api.app import create_app
 from walkeep.config import Settings
@@ -63,6 +69,81 @@ def freeze_start_up_heap() -> None:
     there is nothing to miss; what requests allocate later is collected as before."""
     gc.collect()
     gc.freeze()
+
+
+class HeaderDeadline(_HttpProtocol):
+    """uvicorn's HTTP protocol, closing a connection that does not finish a request's
+    headers within ``header_read_seconds``.
+
+    uvicorn has no such deadline: its keep-alive timer is disarmed by the first byte of a
+    request, and nothing is armed before the first request at all, so a client sending
+    half a request line (or nothing) held its connection for as long as it liked. ASGI
+    middleware cannot help (it sees a request only once its headers are complete), so
+    the deadline lives here. Armed when the connection opens and again after every
+    answer; at expiry the connection is closed only if it is still waiting for headers
+    (a request being read or answered has its own deadlines: ``BodyLimit``).
+    """
+
+    _header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[arg-type]
+        self._arm_header_deadline()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._arm_header_deadline()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+        super().connection_lost(exc)
+
+    def _arm_header_deadline(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+        seconds = getattr(self.config, "header_read_seconds", None)
+        if seconds:
+            self._header_timer = self.loop.call_later(seconds, self._header_deadline_passed)
+
+    def _header_deadline_passed(self) -> None:
+        self._header_timer = None
+        waiting = (self.cycle is None or self.cycle.response_complete) and not getattr(
+            self, "pipeline", None
+        )
+        if waiting and not self.transport.is_closing():
+            self.transport.close()
+
+
+class WalkeepConfig(uvicorn.Config):
+    """uvicorn's Config, carrying the header deadline :class:`HeaderDeadline` reads
+    (a Config is what reaches each web process of ``--workers N``)."""
+
+    def __init__(self, app: Any, *, header_read_seconds: float, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self.header_read_seconds = header_read_seconds
+
+
+def server_config(app: Any, settings: Settings, **kwargs: Any) -> WalkeepConfig:
+    """How Walkeep runs uvicorn, one process or many: the header deadline, and proxy
+    headers trusted only from the proxies the operator names (``forwarded_allow_ips``).
+
+    uvicorn's default trusts ``X-Forwarded-For`` from 127.0.0.1: any local process —
+    or a proxy forwarding whatever its client sent — then chose the client address the
+    console's sign-in throttle counts by. Unnamed, no proxy is trusted.
+    """
+    proxies = settings.forwarded_allow_ips.strip()
+    return WalkeepConfig(
+        app,
+        header_read_seconds=settings.header_read_seconds,
+        http=HeaderDeadline,
+        log_level="warning",
+        proxy_headers=bool(proxies),
+        forwarded_allow_ips=proxies or None,
+        **kwargs,
+    )
 
 
 def check_workers(settings: Settings, workers: int) -> None:
@@ -136,7 +217,7 @@ def serve_one(
                 freeze_start_up_heap()
                 print(banner, file=sys.stderr, flush=True)
 
-    Server(uvicorn.Config(application, host=host, port=port, log_level="warning")).run(
+    Server(server_config(application, rt.settings, host=host, port=port)).run(
         sockets=[sock] if sock is not None else None
     )
 
@@ -220,13 +301,13 @@ def serve_many(
 
     # Created here, once: every web process signs and checks console cookies with it.
     load_console_secret(rt.settings)
-    config = uvicorn.Config(
+    config = server_config(
         functools.partial(web_app, rt.settings),
+        rt.settings,
         factory=True,
         host=host,
         port=port,
         workers=workers,
-        log_level="warning",
     )
     if sock is None:
         sock = config.bind_socket()

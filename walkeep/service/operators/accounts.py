@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 
 from walkeep import ids, ledger
@@ -135,6 +135,37 @@ def authenticate(db: Database, api_key: str) -> Principal:
     return Principal(
         account_id=row.account_id, key_id=row.id, default_namespace=row.default_namespace
     )
+
+
+def key_state_mark(db: Database) -> tuple[object, ...]:
+    """A mark that changes whenever the set of valid keys may have: a key created or
+    revoked, an account disabled or enabled. Cheap aggregates, so a web process can ask
+    every few seconds and reload :func:`valid_key_hashes` only when it moved."""
+    with db.read() as s:
+        keys = s.execute(
+            select(
+                func.count(),
+                func.max(ApiKey.created_at),
+                func.count(ApiKey.revoked_at),
+                func.max(ApiKey.revoked_at),
+            ).select_from(ApiKey)
+        ).one()
+        disabled = s.execute(
+            select(func.count(Account.disabled_at), func.max(Account.disabled_at))
+        ).one()
+    return (*keys, *disabled)
+
+
+def valid_key_hashes(db: Database) -> list[str]:
+    """The hashes of every key :func:`authenticate` would accept now."""
+    with db.read() as s:
+        return list(
+            s.scalars(
+                select(ApiKey.key_hash)
+                .join(Account, Account.id == ApiKey.account_id)
+                .where(ApiKey.revoked_at.is_(None), Account.disabled_at.is_(None))
+            )
+        )
 
 
 def grant(
