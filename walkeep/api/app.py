@@ -60,7 +60,7 @@ from walkeep.errors import (
 )
 from walkeep.lifecycle import MemoryStatus
 from walkeep.mcp.server import build_mcp
-from walkeep.pressure import Pressure
+from walkeep.pressure import Heartbeat, Pressure
 from walkeep.service.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -411,10 +411,38 @@ def readiness(rt: Runtime) -> dict[str, object]:
         }
     else:
         checks["embedder"] = {"ok": True, "model": "relayer-side (MemWal embeds)"}
+    checks["completer"] = completer_check(rt)
     backend = checks["backend"]
     writes = backend.get("writes", "paused") if backend.get("ok") else "paused"
-    ready = bool(checks["database"]["ok"] and checks["chain"]["ok"])
+    ready = bool(checks["database"]["ok"] and checks["chain"]["ok"] and checks["completer"]["ok"])
     return {"ready": ready, "writes": writes, "checks": checks}
+
+
+# How old the supervisor's heartbeat may be before its web processes say unready (it
+# posts every second while its completer is alive: walkeep.api.serve).
+COMPLETER_STALE_SECONDS = 10.0
+
+
+def completer_check(rt: Runtime) -> dict[str, object]:
+    """Whether something finishes the writes this process accepts.
+
+    A store is only accepted: its hold settles when a completer lands it. One process
+    (``serve``, with or without ``--no-worker``) runs its own completer: ready while that
+    is alive and not hung in one round. A web process of ``serve --workers N`` has none;
+    its supervisor's posts a heartbeat (:class:`walkeep.pressure.Heartbeat`): ready while
+    that is fresh. A runtime with neither (embedded, tests) relies on a worker elsewhere
+    (``complete_writes``) and cannot see it from here: not checked.
+    """
+    if rt.completer is not None:
+        return {"ok": rt.completer.alive(), "runs": "in this process"}
+    beat = rt.extras.get("completer_heartbeat")
+    if isinstance(beat, Heartbeat):
+        age = beat.age()
+        fresh = age is not None and age < COMPLETER_STALE_SECONDS
+        if not fresh:
+            log.warning("readiness: no completer heartbeat for %s s", age and round(age))
+        return {"ok": fresh, "runs": "in the supervisor"}
+    return {"ok": True, "runs": "elsewhere (not checked)"}
 
 
 def _install_optional_routers(app: FastAPI, rt: Runtime) -> None:

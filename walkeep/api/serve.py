@@ -24,9 +24,12 @@ secret): N processes racing to create the same files would be safe, but not obvi
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import functools
 import gc
 import logging
+import os
+import signal
 import socket
 import sys
 import threading
@@ -48,6 +51,7 @@ except ImportError:  # pragma: no cover
 from walkeep.api.app import create_app
 from walkeep.config import Settings
 from walkeep.errors import ConfigurationError
+from walkeep.pressure import Heartbeat
 from walkeep.service.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -222,13 +226,18 @@ def serve_one(
     )
 
 
-def web_app(settings: Settings) -> FastAPI:
+def web_app(settings: Settings, supervisor: int | None = None) -> FastAPI:
     """The app factory each web process calls (``--workers N``): its own Runtime,
     database pool and relayer; no scheduler and no completer (the supervisor runs both,
-    so completion's embedding and registration never take a web process's GIL)."""
+    so completion's embedding and registration never take a web process's GIL).
+
+    ``supervisor``: its pid. The web process dies with it (:func:`die_with_parent`) and
+    reads its completer's heartbeat for ``/readyz``."""
     from walkeep import logs
     from walkeep.bootstrap import build_runtime
 
+    if supervisor is not None:
+        die_with_parent(supervisor)
     logs.setup(settings.log_level, fmt=settings.log_format)
     try:
         rt = build_runtime(settings, with_completer=False)
@@ -238,6 +247,8 @@ def web_app(settings: Settings) -> FastAPI:
         log.exception("web process could not start")
         sys.exit(STARTUP_FAILURE)
     rt.pressure.share(pressure_board(settings))
+    if supervisor is not None:
+        rt.extras["completer_heartbeat"] = Heartbeat(completer_board(settings))
     app = create_app(rt, on_stop=InProcessWorker(rt, enabled=False).stop)
     freeze_start_up_heap()
     return app
@@ -246,6 +257,76 @@ def web_app(settings: Settings) -> FastAPI:
 def pressure_board(settings: Settings) -> Path:
     """Where the web processes post request pressure for the supervisor's completer."""
     return settings.data_dir / "pressure"
+
+
+def completer_board(settings: Settings) -> Path:
+    """Where the supervisor posts that its completer is alive, for the web processes."""
+    return settings.data_dir / "completer"
+
+
+# A web process whose supervisor is gone stops taking requests at once (SIGTERM: uvicorn
+# finishes the requests in hand) and is gone after this long, whatever it was doing.
+ORPHAN_GRACE_SECONDS = 10.0
+PARENT_POLL_SECONDS = 0.5
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent(parent: int) -> None:
+    """End this web process when ``parent`` (its supervisor) dies, however it dies.
+
+    After a ``kill -9`` of the supervisor its web processes kept accepting stores whose
+    holds never settled (the completer lived in the dead process), ``/readyz`` still said
+    ready, and a new ``serve`` could not bind the port they held. Linux delivers SIGTERM
+    at the parent's death (``PR_SET_PDEATHSIG``); a thread also watches the parent pid
+    (the portable way, and the backstop should the signal come before this was set), and
+    exits outright if a graceful stop takes longer than ``ORPHAN_GRACE_SECONDS``.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        except (OSError, AttributeError) as exc:  # no prctl: the watch below still holds
+            log.debug("PR_SET_PDEATHSIG unavailable: %s", exc)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_SECONDS)
+        log.warning("the supervisor (pid %s) is gone: this web process stops", parent)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(ORPHAN_GRACE_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="walkeep-parent-watch", daemon=True).start()
+
+
+class CompleterBeat:
+    """The supervisor's side of :class:`walkeep.pressure.Heartbeat`: a thread posting
+    every second while its completer is alive (started, running, not hung)."""
+
+    EVERY_SECONDS = 1.0
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.heartbeat = Heartbeat(completer_board(rt.settings))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name="walkeep-completer-beat", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            if self.rt.completer is not None and self.rt.completer.alive():
+                self.heartbeat.post()
+            if self._stop.wait(self.EVERY_SECONDS):
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
 
 
 class Supervisor(Multiprocess):
@@ -302,7 +383,7 @@ def serve_many(
     # Created here, once: every web process signs and checks console cookies with it.
     load_console_secret(rt.settings)
     config = server_config(
-        functools.partial(web_app, rt.settings),
+        functools.partial(web_app, rt.settings, os.getpid()),
         rt.settings,
         factory=True,
         host=host,
@@ -314,15 +395,18 @@ def serve_many(
     supervisor = Supervisor(config, [sock], banner)  # installs its signal handlers
     worker = InProcessWorker(rt, enabled=scheduler)
     worker.start()
+    beat = CompleterBeat(rt)
     if rt.completer is not None:
         rt.completer.max_sleep = SUPERVISOR_POLL_SECONDS
         # Steps aside while the web processes are saturated (walkeep/pressure.py).
         rt.pressure.share(pressure_board(rt.settings))
         rt.completer.start()
+    beat.start()  # before the web processes start: they are ready once it is fresh
     try:
         supervisor.run()  # until SIGINT/SIGTERM: web processes drain, then return
     finally:
         worker.stop()
+        beat.stop()
         if rt.completer is not None:
             rt.completer.stop()
         sock.close()
