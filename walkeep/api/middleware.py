@@ -43,9 +43,9 @@ from dataclasses import dataclass, field
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from walkeep.logs import redact
+from walkeep.logs import ACCESS_LOGGER, redact
 
-log = logging.getLogger("walkeep.access")
+log = logging.getLogger(ACCESS_LOGGER)
 
 KIB = 1024
 WEBHOOK_MAX_BODY = 64 * KIB  # a Stripe checkout event is a few KiB

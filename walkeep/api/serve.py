@@ -239,6 +239,7 @@ def web_app(settings: Settings, supervisor: int | None = None) -> FastAPI:
     if supervisor is not None:
         die_with_parent(supervisor)
     logs.setup(settings.log_level, fmt=settings.log_format)
+    logs.access_log(settings.access_log)
     try:
         rt = build_runtime(settings, with_completer=False)
     except Exception:

@@ -97,6 +97,7 @@ def serve_banner(
     schedule: str | None = None,
 ) -> str:
     """What a person at the terminal needs, printed after start-up logging."""
+    from walkeep import logs
     from walkeep.onboarding import credentials_path
 
     base = settings.public_url.rstrip("/")
@@ -118,6 +119,8 @@ def serve_banner(
 
     egress = start_notice(settings.egress_policy, default=settings.alert_egress_allow is None)
     lines.append(f"  Alert egress   webhooks may reach {egress}")
+    if not logs.access_log_on(settings.access_log):
+        lines.append("  Access log     off (--access-log prints a line per request)")
     if first_run_text:
         lines += ["", first_run_text.rstrip()]
     else:
@@ -146,6 +149,14 @@ def serve(
             "runs once, in this process.",
         ),
     ] = 1,
+    access_log: Annotated[
+        bool | None,
+        typer.Option(
+            "--access-log/--no-access-log",
+            help="One log line per request. Default: on, except on a terminal "
+            "(WALKEEP_ACCESS_LOG).",
+        ),
+    ] = None,
 ) -> None:
     """Serve MCP (/mcp) and REST (/v1); run the worker in-process unless --no-worker."""
     _check_port(port, "--port")
@@ -154,11 +165,14 @@ def serve(
     from walkeep.bootstrap import build_runtime
 
     settings = _serve_settings(host, port)
+    if access_log is not None:
+        settings.access_log = "on" if access_log else "off"  # the web processes read it too
     # Everything that can refuse comes first: nothing is opened, bound or written yet.
     check_workers(settings, workers)
     refuse_early(settings, schedules=not no_worker)
     listener = _bind(host, port, "--port")  # before anything is changed
     logs.setup(settings.log_level, fmt=settings.log_format)
+    logs.access_log(settings.access_log)
     db = open_db(settings)
     # With --workers the web processes build their own runtimes; this one configures the
     # local network once and runs the scheduler and the completer (walkeep.api.serve).
