@@ -144,8 +144,16 @@ def test_every_refusal_beside_a_running_server_changes_nothing(tmp_path: Path, d
             ),
         ]
         if not ON_PG:
-            # SQLite runs one worker: the server's holds the lock.
+            # SQLite runs one worker: the server's holds the lock; and it has one writer.
             cases.append(("worker: second on SQLite", _cli("worker"), env(), "already running"))
+            cases.append(
+                (
+                    "serve: --workers on SQLite",
+                    _cli("serve", "--port", other, "--workers", "2"),
+                    env(),
+                    "needs PostgreSQL",
+                )
+            )
         try:
             with ThreadPoolExecutor(max_workers=2) as pool:
                 outcomes = list(pool.map(lambda c: (c[0], *_refused(c[1], c[2], c[3])), cases))
