@@ -234,7 +234,7 @@ def test_a_body_that_does_not_arrive_in_time_is_answered_408(live: Server) -> No
     """Regression: a connection sending a byte every 10 s stayed open 150 s."""
     live.rt.settings.body_read_seconds = 0.3
     for mw in _body_limits(live):
-        mw.read_seconds = 0.3
+        mw.read_seconds = mw.guest_read_seconds = 0.3
     for path in ("/mcp", "/v1/store"):
         sock = _slow_post(live.port, path)
         started = time.monotonic()
@@ -269,14 +269,14 @@ def test_anonymous_bodies_are_bounded_and_known_keys_pass(live: Server) -> None:
     held up by them."""
     gate = _body_limits(live)[0].guests
     assert gate is _body_limits(live)[1].guests  # one gate for both paths
-    gate.slots = 2
+    gate.large.slots = 2
     key = accounts.create_account(live.rt.db, "known", credits_mc=1000).api_key
     auth = {"Authorization": f"Bearer {key}"}
     assert httpx.get(f"{live.url}/v1/check_balance", headers=auth, timeout=10).status_code == 200
     slow = [_slow_post(live.port, "/mcp") for _ in range(2)]
     try:
         deadline = time.monotonic() + 10
-        while gate.in_flight < 2 and time.monotonic() < deadline:
+        while gate.large.in_flight < 2 and time.monotonic() < deadline:
             time.sleep(0.01)  # the server has taken both slow bodies in hand
         refused = httpx.post(f"{live.url}/v1/store", json={}, timeout=10)
         assert refused.status_code == 503 and refused.headers["retry-after"] == "1"

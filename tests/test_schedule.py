@@ -77,3 +77,25 @@ def test_the_start_line_says_how_often_renewal_looks(settings: Settings, clock, 
         assert "every 15 s (derived from the epoch)" in note and "epochs last 30 s" in note
     finally:
         rt.extras["localnet"].close()
+
+
+def test_a_refused_interval_says_what_its_job_is_for(settings: Settings) -> None:
+    """Regression (issue 39): a too-long sweep interval was refused "to renew at the
+    threshold" — the sweep renews nothing. Each refused job is named with its purpose,
+    all of them in one message."""
+    slow_sweep = settings.model_copy(update={"sweep_interval_seconds": 600})
+    with pytest.raises(ConfigurationError) as refused:
+        job_intervals(slow_sweep, 30)
+    text = str(refused.value)
+    assert "WALKEEP_SWEEP_INTERVAL_SECONDS=600" in text and "once per epoch" in text
+    assert "reports lapses" in text and "it does not renew" in text
+    assert "threshold" not in text  # nothing about renewing early: that is not its job
+    both = slow_sweep.model_copy(
+        update={"renew_interval_seconds": 60, "reconcile_renewals_interval_seconds": 60}
+    )
+    with pytest.raises(ConfigurationError) as refused:
+        job_intervals(both, 30)
+    text = str(refused.value)
+    for variable in ("RENEW_INTERVAL", "RECONCILE_RENEWALS_INTERVAL", "SWEEP_INTERVAL"):
+        assert f"WALKEEP_{variable}_SECONDS=" in text
+    assert "runway is at the threshold" in text and "settles a renewal interrupted" in text

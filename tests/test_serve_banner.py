@@ -4,11 +4,19 @@ so a newcomer finds the key and the client configs at the bottom, not between lo
 from __future__ import annotations
 
 import json
+import os
+import pty
+import signal
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import httpx
+import pytest
 
-from tests.live_serve import walkeep_serve
+from tests.live_serve import free_port, walkeep_env, walkeep_serve
 from walkeep import __version__
 
 
@@ -48,3 +56,86 @@ def test_start_up_heap_is_frozen_out_of_the_collectors_sight() -> None:
         assert gc.get_count()[0] < 700  # and what was collectable went first
     finally:
         gc.unfreeze()
+
+
+class _Terminal:
+    """``walkeep serve`` with its stderr on a pseudo-terminal, read as a person would see it."""
+
+    def __init__(self, tmp_path: Path, db_url: str, args: list[str]) -> None:
+        self.port = free_port()
+        master, slave = pty.openpty()
+        self.master = master
+        env = walkeep_env(tmp_path / "tty-data", db_url, WALKEEP_LOG_FORMAT="auto")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "walkeep.cli", "serve", "--port", str(self.port), *args],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=slave,
+        )
+        os.close(slave)
+        self.seen = b""
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()  # a pty's buffer is small: the server must never block on it
+
+    def _read(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.master, 65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            self.seen += chunk
+
+    def text(self) -> str:
+        return self.seen.decode(errors="replace")
+
+    def wait_for(self, needle: str) -> None:
+        deadline = time.monotonic() + 90
+        while needle not in self.text():
+            assert self.proc.poll() is None, self.text()
+            assert time.monotonic() < deadline, self.text()
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._reader.join(5)
+        os.close(self.master)
+
+
+def _requests(port: int) -> None:
+    for _ in range(5):
+        assert httpx.get(f"http://127.0.0.1:{port}/", timeout=10).status_code == 200
+    last = httpx.get(f"http://127.0.0.1:{port}/v1/check_balance", timeout=10)
+    assert last.status_code == 401
+
+
+@pytest.mark.parametrize("asked", [False, True])
+def test_on_a_terminal_requests_are_not_logged_unless_asked(
+    tmp_path: Path, db_url: str, asked: bool
+) -> None:
+    """Regression (issue 39): on a terminal every request printed an access-log line,
+    scrolling the banner (with the key and the client configs) and the worker's lines
+    away. There the access log is off unless ``--access-log``."""
+    term = _Terminal(tmp_path, db_url, ["--no-worker", *(["--access-log"] if asked else [])])
+    try:
+        term.wait_for(f"Walkeep {__version__} is up on")
+        term.wait_for("─" * 72 + "\r\n\r\n")  # the banner's closing rule
+        _requests(term.port)
+    finally:
+        term.close()  # everything it wrote has been read once it has exited
+    after = term.text()[term.text().index(f"Walkeep {__version__} is up on") :]
+    lines = [line for line in after.splitlines() if "walkeep.access" in line]
+    if asked:
+        assert len(lines) == 6, after
+        assert "Access log" not in after
+    else:
+        assert lines == [], after
+        assert "Access log     off (--access-log prints a line per request)" in after
+        assert "API key (saved to" in after  # the terminal banner, key and all

@@ -139,6 +139,31 @@ def check_config(settings: Settings) -> list[ConfigProblem]:
     return p
 
 
+def refuse_bad_config(settings: Settings) -> None:
+    """ConfigurationError listing every :func:`check_config` problem, or nothing."""
+    problems = check_config(settings)
+    if problems:
+        raise ConfigurationError(
+            "configuration refused:\n  " + "\n  ".join(str(x) for x in problems)
+        )
+
+
+def planned_epoch_seconds(settings: Settings) -> int | None:
+    """The epoch length the local network will have once a process that runs it
+    (``serve``, ``worker``) has started: the one set explicitly, else the one it has,
+    else a new network's default. Read without opening the network, so a start can be
+    checked against it and refused before anything is changed. None off the local
+    network (only the chain knows; ask it once the runtime is built)."""
+    if settings.network != "local":
+        return None
+    if "local_epoch_seconds" in settings.model_fields_set:
+        return settings.local_epoch_seconds
+    from walkeep.backends.localnet.engine import DEFAULT_EPOCH_SECONDS, LocalNetwork
+
+    recorded = LocalNetwork.recorded_epoch_seconds(settings.localnet_dir)
+    return recorded if recorded is not None else DEFAULT_EPOCH_SECONDS
+
+
 def open_local_network(
     settings: Settings, clock: Clock, *, owner: bool, faults: Faults | None = None
 ) -> LocalNetwork:
@@ -182,11 +207,7 @@ def build_runtime(
     ``smoke``, tests — opens the network as it is, so a command started in
     another shell can never change a running server's epoch length.
     """
-    problems = check_config(settings)
-    if problems:
-        raise ConfigurationError(
-            "configuration refused:\n  " + "\n  ".join(str(x) for x in problems)
-        )
+    refuse_bad_config(settings)
     clock = clock or SystemClock()
     pressure = Pressure()
     db = database or Database(settings.db_url, clock=clock)

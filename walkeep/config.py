@@ -210,10 +210,38 @@ class Settings(BaseSettings):
         le=600,
         description="A request body must arrive within this long (408 otherwise).",
     )
+    guest_body_read_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=600,
+        description="The same for callers without a valid API key: a shorter deadline.",
+    )
+    header_read_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=600,
+        description="A connection must finish a request's headers within this long "
+        "(counted from its opening, or from the previous answer); else it is closed.",
+    )
     max_guest_requests: int = Field(
         default=64,
         ge=1,
-        description="Bodies read at once from callers without a known API key (503 beyond).",
+        description="Bodies read at once from callers without a valid API key, per size "
+        "class (tool calls; small forms and webhooks); 503 beyond.",
+    )
+    max_body_bytes_per_key: int = Field(
+        default=32 * 2**20,
+        ge=1,
+        description="Request-body bytes one API key may have in flight (429 beyond).",
+    )
+    forwarded_allow_ips: str = Field(
+        default="",
+        description="Proxies whose X-Forwarded-For/-Proto are trusted (comma-separated "
+        "addresses or CIDRs, `*` for any); empty: none, the client is the peer address.",
+    )
+    access_log: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="One log line per request: auto = on unless stderr is a terminal.",
     )
     api_key: str | None = None
     namespace: str | None = None

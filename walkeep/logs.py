@@ -100,6 +100,28 @@ def use_json(fmt: str, stream: TextIO) -> bool:
     return not (callable(isatty) and isatty())
 
 
+ACCESS_LOGGER = "walkeep.access"
+
+
+def access_log_on(mode: str, stream: TextIO | None = None) -> bool:
+    """``on``/``off`` as configured; ``auto`` means on unless ``stream`` is a terminal."""
+    if mode in ("on", "off"):
+        return mode == "on"
+    isatty = getattr(stream or sys.stderr, "isatty", None)
+    return not (callable(isatty) and isatty())
+
+
+def access_log(mode: str) -> None:
+    """Turn the per-request lines (``walkeep.access``) on or off for this process.
+
+    Why off on a terminal by default: there a person reads the start banner and the
+    worker's lines, and a line per request (a polling client: several a second) scrolls
+    them away. A log file or shipper gets every line; ``--access-log`` asks for them on a
+    terminal too."""
+    level = logging.NOTSET if access_log_on(mode) else logging.WARNING
+    logging.getLogger(ACCESS_LOGGER).setLevel(level)
+
+
 def setup(level: str = "INFO", *, fmt: str = "auto") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if use_json(fmt, sys.stderr) else TextFormatter())

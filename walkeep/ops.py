@@ -269,6 +269,9 @@ def smoke(
             "quilt_window_seconds": 0,
         }
     )
+    from walkeep.bootstrap import refuse_bad_config
+
+    refuse_bad_config(settings)  # a wrong combination is refused before the first change
     migrations.upgrade(settings.db_url)
     db = Database(settings.db_url, clock=clock) if clock is not None else None
     rt = build_runtime(settings, clock=clock, database=db, with_completer=False)

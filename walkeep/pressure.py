@@ -64,13 +64,7 @@ class Pressure:
         """Post and read saturation on ``board`` too, shared by every process of one
         server (created if missing). The clock must be ``time.monotonic``, which is one
         clock for the whole machine on Linux."""
-        fd = os.open(board, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            if os.fstat(fd).st_size < _BOARD.size:
-                os.ftruncate(fd, _BOARD.size)
-            self._board = mmap.mmap(fd, _BOARD.size)
-        finally:
-            os.close(fd)
+        self._board = _open_board(board)
 
     # --- requests (event loop) --------------------------------------------------------
     def enter(self) -> None:
@@ -106,6 +100,42 @@ class Pressure:
                 return  # this stretch has had its wait: keep working beside it
             self._sleep(self.POLL_SECONDS)
         self._stretch_started = None
+
+
+def _open_board(path: Path) -> mmap.mmap:
+    """Eight bytes of a file shared by the processes of one server (created if missing)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        if os.fstat(fd).st_size < _BOARD.size:
+            os.ftruncate(fd, _BOARD.size)
+        return mmap.mmap(fd, _BOARD.size)
+    finally:
+        os.close(fd)
+
+
+class Heartbeat:
+    """A moment one process posts and others read, on a board like the pressure one.
+
+    ``walkeep serve --workers N``: the completer runs in the supervisor, the requests in
+    the web processes. The supervisor posts here while its completer is alive; a web
+    process's ``/readyz`` reads it, so it says unready when nothing finishes the writes it
+    accepts (its supervisor's completer died or hung) instead of taking stores whose
+    holds never settle. Monotonic time, one clock for the whole machine on Linux.
+    """
+
+    def __init__(self, board: Path, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._board = _open_board(board)
+        self._monotonic = monotonic
+
+    def post(self) -> None:
+        _BOARD.pack_into(self._board, 0, self._monotonic())
+
+    def age(self) -> float | None:
+        """Seconds since the last post; None if never posted, or posted before a reboot
+        (a moment ahead of now)."""
+        posted = float(_BOARD.unpack_from(self._board, 0)[0])
+        age = self._monotonic() - posted
+        return age if posted > 0 and age >= 0 else None
 
 
 def _on_event_loop() -> bool:

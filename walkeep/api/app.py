@@ -28,7 +28,13 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from walkeep import __version__, metrics
-from walkeep.api.auth import BearerAccountMiddleware, KeyCache, challenge, protected_resource_routes
+from walkeep.api.auth import (
+    BearerAccountMiddleware,
+    KeyCache,
+    KnownKeys,
+    challenge,
+    protected_resource_routes,
+)
 from walkeep.api.middleware import (
     WEBHOOK_MAX_BODY,
     BodyLimit,
@@ -54,7 +60,7 @@ from walkeep.errors import (
 )
 from walkeep.lifecycle import MemoryStatus
 from walkeep.mcp.server import build_mcp
-from walkeep.pressure import Pressure
+from walkeep.pressure import Heartbeat, Pressure
 from walkeep.service.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -107,9 +113,11 @@ def create_app(
 
     # SQLite: checkpoint the WAL on a thread of its own, not in a request's commit.
     checkpointer = WalCheckpointer(rt.db) if rt.db.sqlite_path is not None else None
+    known_keys = KnownKeys(rt.db)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await anyio.to_thread.run_sync(known_keys.start)
         if checkpointer is not None:
             checkpointer.start()
         if rt.completer is not None:
@@ -126,6 +134,7 @@ def create_app(
                     await anyio.to_thread.run_sync(rt.completer.stop)
                 if checkpointer is not None:
                     await anyio.to_thread.run_sync(checkpointer.stop)
+                await anyio.to_thread.run_sync(known_keys.stop)
                 await rt.db.close_loop()
 
     app = WalkeepApp(
@@ -138,7 +147,7 @@ def create_app(
         redoc_url=None,
     )
     app.state.runtime = rt
-    app.state.keys = KeyCache(rt)
+    app.state.keys = KeyCache(rt, known=known_keys)
     app.state.mcp = mcp
     _install_error_handlers(app)
     app.include_router(rest_router)
@@ -152,19 +161,35 @@ def create_app(
     mcp_endpoint = BearerAccountMiddleware(SurrogateGuard(mcp_asgi), app.state.keys)
     app.router.routes.append(Route("/mcp", endpoint=mcp_endpoint, methods=["POST"]))
     # Outermost last: RequestLog sees every response, BodyLimit runs before any read.
-    # One gate for both paths: bodies of callers whose key is not known yet.
-    keys: KeyCache = app.state.keys
-    guests = GuestGate(rt.settings.max_guest_requests, known=keys.known_caller)
+    # One gate for both paths: guests' bodies in slots, each valid key's in bytes.
+    guests = GuestGate(
+        rt.settings.max_guest_requests,
+        known=known_keys.tag_of,
+        key_bytes=rt.settings.max_body_bytes_per_key,
+    )
     read_seconds = rt.settings.body_read_seconds
+    guest_seconds = rt.settings.guest_body_read_seconds
     app.add_middleware(PageHeaders)
-    app.add_middleware(BodyLimit, limits=limits, read_seconds=read_seconds, guests=guests)
+    app.add_middleware(
+        BodyLimit,
+        limits=limits,
+        read_seconds=read_seconds,
+        guest_read_seconds=guest_seconds,
+        guests=guests,
+    )
     app.add_middleware(RequestLog)
     # Starlette's trailing-slash redirect builds an absolute URL from the Host header
     # (`GET /console/` with `Host: evil.example` redirected there). Redirects here are
     # relative paths only; `/console/` has its own route.
     app.router.redirect_slashes = False
     app.mcp_calls = RequestLog(
-        BodyLimit(mcp_endpoint, limits=limits, read_seconds=read_seconds, guests=guests)
+        BodyLimit(
+            mcp_endpoint,
+            limits=limits,
+            read_seconds=read_seconds,
+            guest_read_seconds=guest_seconds,
+            guests=guests,
+        )
     )
     app.pressure = rt.pressure
     return app
@@ -386,10 +411,38 @@ def readiness(rt: Runtime) -> dict[str, object]:
         }
     else:
         checks["embedder"] = {"ok": True, "model": "relayer-side (MemWal embeds)"}
+    checks["completer"] = completer_check(rt)
     backend = checks["backend"]
     writes = backend.get("writes", "paused") if backend.get("ok") else "paused"
-    ready = bool(checks["database"]["ok"] and checks["chain"]["ok"])
+    ready = bool(checks["database"]["ok"] and checks["chain"]["ok"] and checks["completer"]["ok"])
     return {"ready": ready, "writes": writes, "checks": checks}
+
+
+# How old the supervisor's heartbeat may be before its web processes say unready (it
+# posts every second while its completer is alive: walkeep.api.serve).
+COMPLETER_STALE_SECONDS = 10.0
+
+
+def completer_check(rt: Runtime) -> dict[str, object]:
+    """Whether something finishes the writes this process accepts.
+
+    A store is only accepted: its hold settles when a completer lands it. One process
+    (``serve``, with or without ``--no-worker``) runs its own completer: ready while that
+    is alive and not hung in one round. A web process of ``serve --workers N`` has none;
+    its supervisor's posts a heartbeat (:class:`walkeep.pressure.Heartbeat`): ready while
+    that is fresh. A runtime with neither (embedded, tests) relies on a worker elsewhere
+    (``complete_writes``) and cannot see it from here: not checked.
+    """
+    if rt.completer is not None:
+        return {"ok": rt.completer.alive(), "runs": "in this process"}
+    beat = rt.extras.get("completer_heartbeat")
+    if isinstance(beat, Heartbeat):
+        age = beat.age()
+        fresh = age is not None and age < COMPLETER_STALE_SECONDS
+        if not fresh:
+            log.warning("readiness: no completer heartbeat for %s s", age and round(age))
+        return {"ok": fresh, "runs": "in the supervisor"}
+    return {"ok": True, "runs": "elsewhere (not checked)"}
 
 
 def _install_optional_routers(app: FastAPI, rt: Runtime) -> None:

@@ -2,7 +2,8 @@
 
 Lookups hit the database (only key hashes are stored); a short-lived cache
 keeps a busy agent from paying that on every call. A revoked key is refused
-within ``CACHE_TTL_SECONDS``.
+within ``CACHE_TTL_SECONDS``. Before any of that, the guest gate asks whether a request
+presents a valid key at all (:class:`KnownKeys`, a set kept fresh from the database).
 
 Discovery: MCP hosts that meet a 401 look for OAuth 2.0 protected-resource metadata
 (RFC 9728). We serve it at ``/.well-known/oauth-protected-resource[/mcp]`` and point
@@ -28,6 +29,7 @@ from pydantic import AnyHttpUrl
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from walkeep.db import Database
 from walkeep.errors import (
     Internal,
     ServiceUnavailable,
@@ -119,12 +121,119 @@ def unauthorized(public_url: str, *, token_sent: bool, path: str = "/mcp") -> Un
     )
 
 
+KNOWN_KEYS_REFRESH_SECONDS = 5.0
+
+
+def key_tag(api_key: str) -> int:
+    """The first 64 bits of the key's SHA-256 (:func:`walkeep.ids.api_key_hash`)."""
+    return int.from_bytes(hashlib.sha256(api_key.encode()).digest()[:8], "big")
+
+
+class KnownKeys:
+    """Whether a request presents a valid key, answered on the event loop without a query.
+
+    The guest gate (walkeep.api.middleware) asks this for every request with a body, so it
+    must be cheap, must hold for as long as a key is valid (a key "known" for 5 s after
+    each lookup put agents holding keys behind a flood of anonymous uploads), and must
+    be right in every web process. So each process keeps the 64-bit tags of every valid
+    key, loaded from the database and reloaded whenever :func:`accounts.key_state_mark`
+    moves (asked every ``refresh_seconds`` by a thread of its own): a key created or
+    revoked by the CLI or another process counts within seconds. A key this process has
+    just authenticated counts at once; one it has just refused stops counting at once.
+
+    A tag is a filter, not a credential: a stranger's guess matching some valid key's 64
+    bits (about N·2⁻⁶⁴ per guess) only gets its body read outside the guest slots, under
+    the same per-key cap as that key's own; authentication still checks the whole key.
+    """
+
+    def __init__(self, db: Database, *, refresh_seconds: float = KNOWN_KEYS_REFRESH_SECONDS):
+        self.db = db
+        self.refresh_seconds = refresh_seconds
+        self._tags: frozenset[int] = frozenset()
+        self._learned: set[int] = set()
+        self._refused: set[int] = set()
+        self._mark: tuple[object, ...] | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def tag_of(self, scope: Scope) -> int | None:
+        """The tag of the request's bearer key if it is valid, else None."""
+        for name, value in scope.get("headers") or ():
+            if name == b"authorization":
+                token = bearer_token(value.decode("latin-1"))
+                if token is None:
+                    return None
+                tag = key_tag(token)
+                known = tag in self._tags or tag in self._learned
+                return tag if known and tag not in self._refused else None
+        return None
+
+    def learn(self, api_key: str) -> None:
+        """``api_key`` was just accepted by the database."""
+        tag = key_tag(api_key)
+        with self._lock:
+            self._learned.add(tag)
+            self._refused.discard(tag)
+
+    def forget(self, api_key: str) -> None:
+        """``api_key`` was just refused (revoked, its account disabled)."""
+        tag = key_tag(api_key)
+        with self._lock:
+            self._learned.discard(tag)
+            if tag in self._tags:
+                self._refused.add(tag)
+
+    def refresh(self) -> bool:
+        """Reload the valid keys if anything changed since the last load; True if it did."""
+        mark = accounts.key_state_mark(self.db)
+        if mark == self._mark:
+            return False
+        tags = frozenset(int(h[:16], 16) for h in accounts.valid_key_hashes(self.db))
+        with self._lock:
+            self._tags = tags
+            self._learned.clear()
+            self._refused.clear()
+            self._mark = mark
+        return True
+
+    def _refresh_logged(self) -> None:
+        try:
+            self.refresh()
+        except Exception as exc:  # the database is down: keep what we had, say so
+            log.warning("valid API keys not reloaded: %s", type(exc).__name__)
+
+    def start(self) -> None:
+        """Load now, then keep fresh in the background until :meth:`stop`."""
+        self._refresh_logged()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="walkeep-known-keys", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.refresh_seconds):
+            self._refresh_logged()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+            self._thread = None
+
+
 class KeyCache:
-    def __init__(self, rt: Runtime, *, monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        rt: Runtime,
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
+        known: KnownKeys | None = None,
+    ) -> None:
         self.rt = rt
         self._monotonic = monotonic  # injectable, so tests move time instead of sleeping
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[float, Caller]] = {}
+        self.known = known
 
     def cached(self, api_key: str) -> Caller | None:
         """A fresh cache hit, cheap enough to check on the event loop."""
@@ -133,22 +242,20 @@ class KeyCache:
             hit = self._cache.get(digest)
         return hit[1] if hit and hit[0] > self._monotonic() else None
 
-    def known_caller(self, scope: Scope) -> bool:
-        """Whether the request's bearer key is one this process accepted recently: such
-        callers skip the bound on guests' bodies (walkeep.api.middleware.GuestGate)."""
-        for name, value in scope.get("headers") or ():
-            if name == b"authorization":
-                token = bearer_token(value.decode("latin-1"))
-                return token is not None and self.cached(token) is not None
-        return False
-
     def resolve(self, api_key: str) -> Caller:
         hit = self.cached(api_key)
         if hit is not None:
             return hit
         digest = hashlib.sha256(api_key.encode()).hexdigest()
         now = self._monotonic()
-        principal = accounts.authenticate(self.rt.db, api_key)  # raises Unauthorized
+        try:
+            principal = accounts.authenticate(self.rt.db, api_key)
+        except Unauthorized:
+            if self.known is not None:
+                self.known.forget(api_key)
+            raise
+        if self.known is not None:
+            self.known.learn(api_key)
         caller = Caller(principal.account_id, principal.default_namespace)
         with self._lock:
             if len(self._cache) > 10_000:

@@ -16,7 +16,8 @@ that key is revoked; every session ends with its account being disabled.
 
 Signed-in sessions also have a row in ``console_sessions`` that the cookie names, so a
 session ends on the server: signing out ends it (a copied cookie stops working), and
-revoking a key ends the sessions opened with it and the account's link sessions. Sign-in attempts are throttled per client address and per target.
+revoking a key ends the sessions opened with it and the account's link sessions. Failed sign-ins
+are throttled per client address and kind of credential (:class:`_SignIn`).
 
 Why one file: the console's routes, each a few lines (authenticate, one service call,
 render), sharing one session and CSRF scheme.
@@ -51,6 +52,7 @@ from starlette.concurrency import run_in_threadpool
 from walkeep import __version__, ids, ledger, topup_rule
 from walkeep.api import charts
 from walkeep.config import Settings
+from walkeep.db import Database
 from walkeep.errors import Internal, Unauthorized, WalkeepError
 from walkeep.service import alerts
 from walkeep.service.operators import accounts, statements, verify
@@ -422,7 +424,8 @@ async def login(request: Request) -> Response:
         return _refused(rt, request, exc)
     credential = form.get("credential", "").strip()
     admin_token = rt.settings.admin_token
-    wait = await run_in_threadpool(_sign_in_allowed, rt, request, credential)
+    attempt = _SignIn.of(request, credential)
+    wait = await run_in_threadpool(svc.sign_in_wait, rt.db, attempt.client_bucket)
     if wait:
         log.warning("console sign-in throttled")
         throttled = _login_page(
@@ -431,7 +434,7 @@ async def login(request: Request) -> Response:
             "console/login.html",
             429,
             admin=bool(admin_token),
-            error=f"Too many sign-in attempts; try again in {wait} s.",
+            error=f"Too many failed sign-ins from here; try again in {wait} s.",
         )
         throttled.headers["Retry-After"] = str(wait)
         return throttled
@@ -451,6 +454,7 @@ async def login(request: Request) -> Response:
             session = None
     if session is None:
         log.info("console sign-in refused")
+        await run_in_threadpool(attempt.failed, rt.db)
         return _login_page(
             rt,
             request,
@@ -478,21 +482,38 @@ async def _opened(rt: Runtime, session: Session) -> Session:
     return dataclasses.replace(session, sid=sid)
 
 
-def _sign_in_allowed(rt: Runtime, request: Request, credential: str) -> int:
-    """0, or the seconds before this client may try again.
+@dataclass(frozen=True, slots=True)
+class _SignIn:
+    """Where a sign-in attempt counts when it fails.
 
-    Every attempt counts in two buckets: the client's address, and what it tries to
-    open (the admin, or the key's display prefix), so neither one client guessing many
-    targets nor many clients guessing one target gets more than
-    ``SIGN_IN_PER_MINUTE`` tries a minute (300 wrong admin-token guesses took 0.7 s).
-    The counts live in the database, shared by every web process.
+    Only failures count, after the credential is checked, and a client is refused
+    without a check only once *it* has failed ``SIGN_IN_PER_MINUTE`` times this minute
+    with that kind of credential (the admin token, or an API key). So junk sent by others
+    never holds up the right admin token — counting every attempt before checking it put
+    the admin behind anyone's ten wrong guesses — and junk API keys do not hold up an
+    admin sign-in from the same address. Failures per target (the admin, or a key's
+    prefix) are counted too, and logged when many clients guess one target. The client
+    is the connection's peer unless the operator names the proxies whose
+    ``X-Forwarded-For`` is believed (``WALKEEP_FORWARDED_ALLOW_IPS``): otherwise any
+    caller chose the address it was counted under.
     """
-    client = request.client.host if request.client else "?"
-    try:
-        target = ids.api_key_display_prefix(credential)
-    except ValueError:
-        target = "admin"
-    return svc.take_sign_in_attempt(rt.db, [f"client:{client}", f"target:{target}"])
+
+    client_bucket: str
+    target_bucket: str
+
+    @classmethod
+    def of(cls, request: Request, credential: str) -> _SignIn:
+        client = request.client.host if request.client else "?"
+        try:
+            kind, target = "key", ids.api_key_display_prefix(credential)
+        except ValueError:
+            kind, target = "admin", "admin"
+        return cls(f"client:{client}:{kind}", f"target:{target}")
+
+    def failed(self, db: Database) -> None:
+        _client, target = svc.sign_in_failed(db, [self.client_bucket, self.target_bucket])
+        if target == svc.SIGN_IN_PER_MINUTE + 1:
+            log.warning("console sign-in: many failures for one target this minute")
 
 
 @router.get("/console/link/{token}", response_class=HTMLResponse)

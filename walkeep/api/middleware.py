@@ -10,13 +10,24 @@ once (nothing read), and otherwise reads the body into memory *up to the cap*
 before calling the app, answering 413 the moment a streamed body crosses it.
 So one request costs at most its route's cap, whatever the client sends.
 
-Time and count are bounded too: the whole body must arrive within ``read_seconds``
-(a client trickling a byte every few seconds is answered 408 and dropped, instead of
-holding a connection and a buffer for minutes), and at most ``guest_slots`` bodies from
-callers without a known API key are read at once (the rest are answered 503 with
-``Retry-After`` without reading anything). A caller whose bearer key is in the key
-cache is never counted as a guest, so a flood of anonymous slow bodies cannot starve
-the agents that hold keys.
+Time and count are bounded too. Who is asking decides how:
+
+- A request without a body (every GET, the health, readiness and metrics probes) is never
+  held up: there is nothing to read, so it takes no slot.
+- A caller whose bearer key is valid (:class:`walkeep.api.auth.KnownKeys`: every process
+  keeps the set of valid keys' hashes fresh from the database, so this is a set lookup,
+  not a query) never waits behind guests. Its bodies must arrive within ``read_seconds``,
+  and one key may have at most ``key_bytes`` of bodies in flight (beyond that 429
+  RATE_LIMITED with ``Retry-After``): 300 unfinished 2.3 MB uploads on one key took a
+  server from 433 to 1,072 MB.
+- Everyone else (no key, a wrong or revoked key) is a guest: at most ``slots`` of their
+  bodies are read at once per size class — the tool routes' large bodies, and the small
+  ones (sign-in and checkout forms, Stripe's webhook) in a pool of their own, so a flood of
+  one does not block the other — within the shorter ``guest_read_seconds``. Beyond the
+  slots: 503 with ``Retry-After`` without reading anything.
+
+Connections that never finish their headers are closed by the server itself
+(``walkeep.api.serve.HeaderDeadline``): ASGI middleware only sees complete headers.
 """
 
 from __future__ import annotations
@@ -32,9 +43,9 @@ from dataclasses import dataclass, field
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from walkeep.logs import redact
+from walkeep.logs import ACCESS_LOGGER, redact
 
-log = logging.getLogger("walkeep.access")
+log = logging.getLogger(ACCESS_LOGGER)
 
 KIB = 1024
 WEBHOOK_MAX_BODY = 64 * KIB  # a Stripe checkout event is a few KiB
@@ -94,9 +105,14 @@ async def _send_413(send: Send, limit: int) -> None:
 
 
 async def _send_error(
-    send: Send, status: int, code: str, message: str, headers: Sequence[tuple[bytes, bytes]]
+    send: Send,
+    status: int,
+    code: str,
+    message: str,
+    headers: Sequence[tuple[bytes, bytes]],
+    data: dict[str, object] | None = None,
 ) -> None:
-    body = _envelope(code, message, {})
+    body = _envelope(code, message, data or {})
     await send(
         {
             "type": "http.response.start",
@@ -112,23 +128,19 @@ async def _send_error(
     await send({"type": "http.response.body", "body": body})
 
 
-@dataclass
-class GuestGate:
-    """How many bodies of callers without a known key are being read right now.
+# Asked by load balancers and monitors every few seconds: never behind the guest gate.
+PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
+KEY_BODY_BYTES = 32 * 2**20  # body bytes one key may have in flight (default)
 
-    Shared by every BodyLimit of one app (the ordinary routes and the ``/mcp`` fast
-    path). ``known`` says whether a request carries a key the server already accepted
-    (the key cache); the event loop is single-threaded, so a plain counter suffices.
-    """
+
+@dataclass
+class GuestPool:
+    """Bodies of guests being read right now in one size class, and how many may be."""
 
     slots: int
-    known: Callable[[Scope], bool] = lambda _scope: False
-    in_flight: int = field(default=0, init=False)
+    in_flight: int = field(default=0)
 
-    def enter(self, scope: Scope) -> bool | None:
-        """None: not a guest (no slot needed); True: a slot taken; False: none free."""
-        if self.known(scope):
-            return None
+    def enter(self) -> bool:
         if self.in_flight >= self.slots:
             return False
         self.in_flight += 1
@@ -138,9 +150,67 @@ class GuestGate:
         self.in_flight -= 1
 
 
+@dataclass
+class GuestGate:
+    """Who waits for a body to be read, shared by every BodyLimit of one app (the ordinary
+    routes and the ``/mcp`` fast path); see the module docstring.
+
+    ``known(scope)`` is the caller's key tag if it presents a valid key, else None. The
+    event loop is single-threaded, so plain counters suffice.
+    """
+
+    slots: int
+    known: Callable[[Scope], int | None] = lambda _scope: None
+    key_bytes: int = KEY_BODY_BYTES
+    large: GuestPool = field(init=False)
+    small: GuestPool = field(init=False)
+    per_key: dict[int, int] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        self.large = GuestPool(self.slots)
+        self.small = GuestPool(self.slots)
+
+    def pool(self, limit: int) -> GuestPool:
+        """Small bodies (forms, webhooks) and large ones (tool calls) wait apart."""
+        return self.small if limit <= SMALL_MAX_BODY else self.large
+
+    def hold(self, key: int, size: int) -> bool:
+        """Count ``size`` body bytes for ``key``; False if that would pass its cap (a key
+        with nothing in flight may always send one body, whatever its size)."""
+        held = self.per_key.get(key, 0)
+        if held and held + size > self.key_bytes:
+            return False
+        self.per_key[key] = held + size
+        return True
+
+    def release(self, key: int, size: int) -> None:
+        left = self.per_key.get(key, 0) - size
+        if left > 0:
+            self.per_key[key] = left
+        else:
+            self.per_key.pop(key, None)
+
+
+def _framing(scope: Scope) -> tuple[int | None, bool]:
+    """The declared Content-Length (None if absent or unreadable) and whether the body is
+    sent in chunks (Transfer-Encoding). With neither, HTTP/1.1 has no request body."""
+    declared: int | None = None
+    chunked = False
+    for name, value in scope.get("headers") or ():
+        if name == b"content-length":
+            try:
+                declared = int(value)
+            except ValueError:
+                declared = None
+        elif name == b"transfer-encoding":
+            chunked = True
+    return declared, chunked
+
+
 class BodyLimit:
     """Cap every request body before anything reads it (413 with the error envelope),
-    in size, in time (408) and, for callers without a known key, in number (503)."""
+    in size, in time (408) and in number: guests' bodies in slots (503), each key's in
+    bytes (429); see the module docstring."""
 
     def __init__(
         self,
@@ -148,72 +218,108 @@ class BodyLimit:
         limits: BodyLimits,
         *,
         read_seconds: float = 30.0,
+        guest_read_seconds: float | None = None,
         guests: GuestGate | None = None,
     ) -> None:
         self.app = app
         self.limits = limits
         self.read_seconds = read_seconds
+        self.guest_read_seconds = guest_read_seconds or read_seconds
         self.guests = guests
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.limits.for_path(scope.get("path", ""))
-        declared: int | None = None
-        for name, value in scope.get("headers") or ():
-            if name == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    declared = None
-                break
+        path = scope.get("path", "")
+        limit = self.limits.for_path(path)
+        declared, chunked = _framing(scope)
         if declared is not None and declared > limit:
             await _send_413(send, limit)
             return
-        slot = self.guests.enter(scope) if self.guests is not None else None
-        if slot is False:
+        gate = self.guests
+        if gate is None or path in PROBES or (not chunked and not declared):
+            # Nothing to wait for (or a probe): no slot, and never behind a flood.
+            seconds = self.read_seconds if gate is None else self.guest_read_seconds
+            await self._read_then_call(scope, receive, send, limit, seconds)
+            return
+        key = gate.known(scope)
+        if key is not None:
+            size = declared if declared is not None else limit
+            if not gate.hold(key, size):
+                await _send_error(
+                    send,
+                    429,
+                    "RATE_LIMITED",
+                    f"this API key already has {gate.per_key.get(key, 0)} bytes of request "
+                    "bodies in flight; wait for them to finish, then retry",
+                    [(b"retry-after", b"1")],
+                    {"retry_after_seconds": 1, "max_bytes_in_flight": gate.key_bytes},
+                )
+                return
+            try:
+                await self._read_then_call(scope, receive, send, limit, self.read_seconds)
+            finally:
+                gate.release(key, size)
+            return
+        pool = gate.pool(limit)
+        if not pool.enter():
             await _send_error(
                 send,
                 503,
                 "SERVICE_UNAVAILABLE",
-                "too many requests without a known API key are in progress; retry shortly",
+                "too many requests without a valid API key are in progress; retry shortly",
                 [(b"retry-after", b"1")],
             )
             return
+        try:
+            body = await self._read(receive, send, limit, self.guest_read_seconds)
+        finally:
+            pool.leave()
+        if body is not None:
+            await self._call(scope, receive, send, body)
+
+    async def _read_then_call(
+        self, scope: Scope, receive: Receive, send: Send, limit: int, seconds: float
+    ) -> None:
+        body = await self._read(receive, send, limit, seconds)
+        if body is not None:
+            await self._call(scope, receive, send, body)
+
+    async def _read(self, receive: Receive, send: Send, limit: int, seconds: float) -> bytes | None:
+        """The whole body, or None when it was answered here (413, 408) or the client left."""
         chunks: list[bytes] = []
         size = 0
-        try:
-            with anyio.move_on_after(self.read_seconds) as deadline:
-                while True:
-                    message = await receive()
-                    if message["type"] == "http.disconnect":
-                        return  # the client left before sending its body: nothing to answer
-                    chunk = message.get("body", b"")
-                    size += len(chunk)
-                    if size > limit:
-                        chunks.clear()
-                        await _send_413(send, limit)
-                        return
-                    if chunk:
-                        chunks.append(chunk)
-                    if not message.get("more_body", False):
-                        break
-        finally:
-            if slot:
-                self.guests.leave()  # type: ignore[union-attr]
+        with anyio.move_on_after(seconds) as deadline:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return None  # the client left before sending its body: nothing to answer
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    chunks.clear()
+                    await _send_413(send, limit)
+                    return None
+                if chunk:
+                    chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
         if deadline.cancelled_caught:
             chunks.clear()
             await _send_error(
                 send,
                 408,
                 "VALIDATION_ERROR",
-                f"the request body did not arrive within {self.read_seconds:g} s",
+                f"the request body did not arrive within {seconds:g} s",
                 [],
             )
-            return
+            return None
         body = b"".join(chunks)
         chunks.clear()
+        return body
+
+    async def _call(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> None:
         replayed = False
 
         async def replay() -> Message:
@@ -229,9 +335,6 @@ class BodyLimit:
 
 
 _REQUEST_ID_OK = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
-
-
-_PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
 class RequestLog:
@@ -287,7 +390,7 @@ class RequestLog:
             path = redact(scope.get("path", ""))
             # Probes (load balancers poll these every few seconds) are logged only at
             # debug level, so they never drown the requests people read logs for.
-            probe = path in _PROBES and (status or 500) < 400
+            probe = path in PROBES and (status or 500) < 400
             log.log(
                 logging.DEBUG if probe else logging.INFO,
                 "%s %s %s",

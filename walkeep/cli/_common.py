@@ -113,6 +113,40 @@ def _bind(host: str, port: int, flag: str) -> socket.socket:
     return sock
 
 
+def refuse_early(settings: Settings, *, schedules: bool) -> None:
+    """Every refusal a start can know from its settings, before anything is changed.
+
+    DESIGN invariant 11: ``serve`` and ``worker`` record the server's address, create the
+    first account and set the local network's epoch length; refused afterwards, they left
+    a running server's ``server.json`` pointing at nothing and its epochs changed. So the
+    wrong combinations (:func:`walkeep.bootstrap.check_config`) and job intervals that
+    cannot keep up with the epoch length the network *will* have are checked here, first.
+    Off the local network the epoch length is the chain's: checked once the runtime is
+    built, still before anything is recorded.
+    """
+    from walkeep.bootstrap import planned_epoch_seconds, refuse_bad_config
+
+    refuse_bad_config(settings)
+    if schedules:
+        from walkeep.scheduler.jobs import job_intervals
+
+        job_intervals(settings, planned_epoch_seconds(settings))
+
+
+def serve_metrics(host: str, port: int, flag: str) -> int:
+    """Serve ``/metrics`` on its own port now (before anything is changed), or refuse."""
+    from walkeep import metrics
+
+    try:
+        return metrics.serve(port, host)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise CliError(
+                f"{host}:{port} is already in use; nothing was changed. Pick another {flag}"
+            ) from None
+        raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
 def _check_port(port: int, flag: str) -> None:
     """Refuse what the OS would silently replace (``:99999`` listened elsewhere)."""
     if not 1 <= port <= 65535:

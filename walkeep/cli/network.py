@@ -23,6 +23,13 @@ def devnet(
 
     _check_port(port, "--port")
     settings = _settings()
+    if settings.network != "local":
+        # It would serve (and configure) the local network under the data dir while this
+        # configuration names a real one: refused before anything is opened.
+        raise CliError(
+            f"devnet serves the local network only; WALKEEP_NETWORK={settings.network} "
+            "here (unset it, or set WALKEEP_NETWORK=local)"
+        )
     listener = _bind(host, port, "--port")  # a port in use fails before anything changes
     network = open_local_network(settings, SystemClock(), owner=True)
     typer.echo(

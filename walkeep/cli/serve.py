@@ -13,7 +13,15 @@ from walkeep.config import Settings
 
 if TYPE_CHECKING:
     from walkeep.db import Database
-from walkeep.cli._common import CliError, _bind, _check_port, _settings, open_db
+from walkeep.cli._common import (
+    CliError,
+    _bind,
+    _check_port,
+    _settings,
+    open_db,
+    refuse_early,
+    serve_metrics,
+)
 
 
 def _serve_settings(host: str, port: int) -> Settings:
@@ -89,6 +97,7 @@ def serve_banner(
     schedule: str | None = None,
 ) -> str:
     """What a person at the terminal needs, printed after start-up logging."""
+    from walkeep import logs
     from walkeep.onboarding import credentials_path
 
     base = settings.public_url.rstrip("/")
@@ -110,6 +119,8 @@ def serve_banner(
 
     egress = start_notice(settings.egress_policy, default=settings.alert_egress_allow is None)
     lines.append(f"  Alert egress   webhooks may reach {egress}")
+    if not logs.access_log_on(settings.access_log):
+        lines.append("  Access log     off (--access-log prints a line per request)")
     if first_run_text:
         lines += ["", first_run_text.rstrip()]
     else:
@@ -138,6 +149,14 @@ def serve(
             "runs once, in this process.",
         ),
     ] = 1,
+    access_log: Annotated[
+        bool | None,
+        typer.Option(
+            "--access-log/--no-access-log",
+            help="One log line per request. Default: on, except on a terminal "
+            "(WALKEEP_ACCESS_LOG).",
+        ),
+    ] = None,
 ) -> None:
     """Serve MCP (/mcp) and REST (/v1); run the worker in-process unless --no-worker."""
     _check_port(port, "--port")
@@ -146,15 +165,15 @@ def serve(
     from walkeep.bootstrap import build_runtime
 
     settings = _serve_settings(host, port)
-    check_workers(settings, workers)  # before anything is opened or bound
+    if access_log is not None:
+        settings.access_log = "on" if access_log else "off"  # the web processes read it too
+    # Everything that can refuse comes first: nothing is opened, bound or written yet.
+    check_workers(settings, workers)
+    refuse_early(settings, schedules=not no_worker)
     listener = _bind(host, port, "--port")  # before anything is changed
     logs.setup(settings.log_level, fmt=settings.log_format)
+    logs.access_log(settings.access_log)
     db = open_db(settings)
-    from walkeep.ops import record_server
-
-    record_server(settings)  # so `walkeep smoke` links to this server's explorer
-    welcome = first_run(settings, db)
-    db.dispose()
     # With --workers the web processes build their own runtimes; this one configures the
     # local network once and runs the scheduler and the completer (walkeep.api.serve).
     rt = build_runtime(settings, configure_network=True)
@@ -162,8 +181,14 @@ def serve(
     if not no_worker:
         from walkeep.scheduler.jobs import schedule_note
 
-        # Refuses an interval set too long for the epoch before anything is served.
+        # Off the local network the chain's epoch length is known only now: an interval
+        # that cannot keep up is refused here, still before anything is recorded.
         schedule = schedule_note(rt)
+    from walkeep.ops import record_server
+
+    record_server(settings)  # so `walkeep smoke` links to this server's explorer
+    welcome = first_run(settings, db)
+    db.dispose()
     banner = serve_banner(
         settings,
         host=host,
@@ -245,12 +270,22 @@ def worker(
     """Run the background jobs (renewal, completion, sweep, reconciliation)."""
     from walkeep import logs
     from walkeep.bootstrap import build_runtime
+    from walkeep.db import sqlite_file
+    from walkeep.scheduler.jobs import log, worker_lock_for
     from walkeep.scheduler.run import run_forever
 
     if metrics_port is not None:
         _check_port(metrics_port, "--metrics-port")
     settings = _settings()
+    # Everything that can refuse comes first (DESIGN invariant 11): the configuration,
+    # the intervals, SQLite's one-worker lock and the metrics port, all before the local
+    # network is configured.
+    refuse_early(settings, schedules=True)
+    lock = worker_lock_for(sqlite_file(settings.db_url))
     logs.setup(settings.log_level, fmt=settings.log_format)
+    if metrics_port is not None:
+        bound = serve_metrics(metrics_host, metrics_port, "--metrics-port")
+        log.info("metrics served", extra={"url": f"http://{metrics_host}:{bound}/metrics"})
     open_db(settings).dispose()
     rt = build_runtime(settings, with_completer=False, configure_network=True)
-    run_forever(rt, metrics_port=metrics_port, metrics_host=metrics_host)
+    run_forever(rt, lock=lock)

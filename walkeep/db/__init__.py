@@ -12,6 +12,7 @@ from walkeep.db.engine import (
     make_engine,
     redact,
     rowcount,
+    sqlite_file,
 )
 
 __all__ = [
@@ -26,4 +27,5 @@ __all__ = [
     "make_engine",
     "redact",
     "rowcount",
+    "sqlite_file",
 ]

@@ -137,6 +137,15 @@ def _ping_if_idle(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
         raise DisconnectionError("idle connection found dead on checkout") from exc
 
 
+def sqlite_file(url: str) -> Path | None:
+    """The database file of a SQLite URL (None: another database, or in memory)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return None
+    db = parsed.database
+    return None if not db or db == ":memory:" else Path(db).expanduser().resolve()
+
+
 def _create_private(path: Path) -> None:
     """Create a new SQLite file's directory 0700 and the file itself 0600 before SQLite
     opens it (SQLite gives its -wal/-shm files the database file's mode): it holds balances,
@@ -354,10 +363,7 @@ class Database:
 
     @property
     def sqlite_path(self) -> Path | None:
-        if not self.is_sqlite:
-            return None
-        db = make_url(self.url).database
-        return None if not db or db == ":memory:" else Path(db).expanduser().resolve()
+        return sqlite_file(self.url)
 
     @contextmanager
     def begin(self) -> Iterator[Session]:

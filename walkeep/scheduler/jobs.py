@@ -74,6 +74,18 @@ JOBS: dict[str, tuple[Callable[[Runtime], Any], str]] = {
 # the sweep reports lapses (memories.expired) within the epoch they happen. Automatic
 # top-up keeps the renewal pass funded, so it looks as often as the pass does.
 PER_EPOCH: dict[str, int] = {"renew": 2, "reconcile_renewals": 2, "sweep": 1, "auto_top_up": 2}
+# What each of those jobs is for, said when an interval set for it is refused: an
+# operator who lengthens the sweep's interval should not read that renewal suffers.
+PURPOSE: dict[str, str] = {
+    "renew": "the renewal pass extends blobs while their runway is at the threshold; "
+    "any slower and they renew (or pause) at their last epoch",
+    "reconcile_renewals": "reconciliation settles a renewal interrupted by a crash; "
+    "until it does, that renewal's blobs are leased and no pass renews them",
+    "sweep": "the sweep reports lapses (memories.expired alerts, statuses) within the "
+    "epoch they happen; it does not renew",
+    "auto_top_up": "automatic top-up charges a saved card before the renewal pass would "
+    "pause memories for want of credits",
+}
 
 
 def job_intervals(settings: Settings, epoch_seconds: int | None) -> dict[str, float]:
@@ -81,10 +93,12 @@ def job_intervals(settings: Settings, epoch_seconds: int | None) -> dict[str, fl
 
     A default longer than an epoch allows is shortened (derived from the epoch); an
     interval the operator set explicitly is refused instead (ConfigurationError naming
-    the variable): a worker that cannot renew early must not start as if it could.
-    ``epoch_seconds`` None (chain unreachable at start): the settings as they are.
+    every such variable and what its job is for): a worker that cannot keep pace must
+    not start as if it could. ``epoch_seconds`` None (chain unreachable at start, or not
+    known yet): the settings as they are.
     """
     out: dict[str, float] = {}
+    refused: list[str] = []
     for name, (_fn, setting) in JOBS.items():
         configured = float(getattr(settings, setting))
         per_epoch = PER_EPOCH.get(name)
@@ -93,14 +107,18 @@ def job_intervals(settings: Settings, epoch_seconds: int | None) -> dict[str, fl
             continue
         bound = epoch_seconds / per_epoch
         if setting in settings.model_fields_set:
-            raise ConfigurationError(
-                f"WALKEEP_{setting.upper()}={configured:g} cannot keep up with "
-                f"{short_duration(epoch_seconds)} epochs: {name} must run at least "
-                f"{per_epoch}× per epoch (every {bound:g} s or less) to renew at the "
-                "threshold rather than at the last moment; lower it, or unset it to "
-                "derive it from the epoch length"
+            times = "once" if per_epoch == 1 else f"{per_epoch}×"
+            refused.append(
+                f"WALKEEP_{setting.upper()}={configured:g}: {name} must run at least "
+                f"{times} per epoch (every {bound:g} s or less) — {PURPOSE[name]}"
             )
         out[name] = bound
+    if refused:
+        raise ConfigurationError(
+            f"job intervals cannot keep up with {short_duration(epoch_seconds or 0)} epochs: "
+            + "; ".join(refused)
+            + ". Lower them, or unset them to derive them from the epoch length"
+        )
     return out
 
 
@@ -291,9 +309,15 @@ class WorkerLock:
 
 
 def acquire_worker_lock(rt: Runtime) -> WorkerLock | None:
-    path = rt.db.sqlite_path
-    if path is None:
+    return worker_lock_for(rt.db.sqlite_path)
+
+
+def worker_lock_for(db_path: Path | None) -> WorkerLock | None:
+    """Take the SQLite database's worker lock (ConfigurationError if another worker
+    holds it); None on PostgreSQL. ``walkeep worker`` takes it before it configures the
+    local network, so a second worker is refused with nothing changed."""
+    if db_path is None:
         return None
-    lock = WorkerLock(path)
+    lock = WorkerLock(db_path)
     lock.acquire()
     return lock

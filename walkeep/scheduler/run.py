@@ -10,15 +10,30 @@ from __future__ import annotations
 import signal
 import threading
 from types import FrameType
+from typing import Literal
 
-from walkeep.scheduler.jobs import acquire_worker_lock, build_scheduler, log, schedule_note
+from walkeep.scheduler.jobs import (
+    WorkerLock,
+    acquire_worker_lock,
+    build_scheduler,
+    log,
+    schedule_note,
+)
 from walkeep.service.runtime import Runtime
 
 
 def run_forever(
-    rt: Runtime, *, metrics_port: int | None = None, metrics_host: str = "127.0.0.1"
+    rt: Runtime,
+    *,
+    metrics_port: int | None = None,
+    metrics_host: str = "127.0.0.1",
+    lock: WorkerLock | Literal["acquire"] | None = "acquire",
 ) -> None:
-    lock = acquire_worker_lock(rt)
+    """Run the jobs until SIGTERM/SIGINT. ``lock``: the worker lock the caller already
+    holds (``walkeep worker`` takes it, and serves metrics, before it changes anything),
+    or ``"acquire"`` to take it here."""
+    if lock == "acquire":
+        lock = acquire_worker_lock(rt)
     if metrics_port is not None:
         from walkeep import metrics
 

@@ -357,6 +357,24 @@ class LocalNetwork:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @staticmethod
+    def recorded_epoch_seconds(state_dir: Path) -> int | None:
+        """The epoch length the network under ``state_dir`` has now, read without
+        opening it (None: no network there yet). Opening creates a missing network and
+        applies its opener's settings; a start that may still be refused must do
+        neither, so it checks its plan against this instead (DESIGN invariant 11)."""
+        path = Path(state_dir) / DB_FILE
+        if not path.exists():
+            return None
+        conn = sqlite3.connect(path, timeout=30.0)
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE key = 'schedule'").fetchone()
+        except sqlite3.OperationalError:
+            return None  # a file without the schema yet: its first opener makes it
+        finally:
+            conn.close()
+        return _Schedule.from_json(row[0]).seconds if row else None
+
     def _init_state(self, epoch_seconds: int | None, price: int | None, *, configure: bool) -> None:
         """Create the network if it is new; apply ``epoch_seconds``/``price`` only if
         ``configure`` (see the class docstring). ``None`` is "no value of my own": the

@@ -558,6 +558,8 @@ class Completer:
     NICE = 19
     # How long to sleep when the relayer says when a write can first be due.
     MAX_HINTED_DELAY = 60.0
+    # A round running longer than this counts as hung (readiness says so).
+    STUCK_SECONDS = 300.0
 
     # One thread: on a small machine a second one mostly competes with request
     # threads for the GIL and SQLite's writer (measured: bench/store.py).
@@ -578,6 +580,8 @@ class Completer:
         self._kicks = 0
         # Queue mode: when the idle thread will next look at the queue by itself.
         self._sleeping_until: float | None = None
+        # When the round in hand began (time.monotonic()), None between rounds.
+        self._round_began: float | None = None
 
     def start(self) -> None:
         if not self._started:
@@ -592,6 +596,16 @@ class Completer:
         for t in self._threads:
             if t.is_alive():
                 t.join(timeout)
+
+    def alive(self) -> bool:
+        """Whether this completer is finishing writes: started, not stopped, its threads
+        running, and none of them in one round for ``STUCK_SECONDS`` (``/readyz``)."""
+        if not self._started or self._stop:
+            return False
+        if not all(t.is_alive() for t in self._threads):
+            return False
+        began = self._round_began
+        return began is None or time.monotonic() - began < self.STUCK_SECONDS
 
     def submit(self, memory_id: str, delay: float = 0.0) -> None:
         """A write was accepted; ``delay``: seconds until it is due."""
@@ -632,10 +646,13 @@ class Completer:
                 # process's samples during a PostgreSQL burst (py-spy), on the cores the
                 # requests needed. Before the lease, so no write is held while it waits.
                 self.rt.pressure.step_aside()
+                self._round_began = time.monotonic()
                 worked = drain_due(self.rt).taken
             except Exception:
                 crashed = True
                 log.exception("working due writes failed; retrying shortly")
+            finally:
+                self._round_began = None
             with self._cv:
                 self._inflight -= 1
                 self._cv.notify_all()
@@ -731,11 +748,14 @@ class Completer:
                     item = heapq.heappop(self._heap)
                     items.setdefault(item.memory_id, item)
                 self._inflight += len(items)
+            self._round_began = time.monotonic()
             try:
                 results = settle_many(self.rt, list(items))
             except Exception:
                 log.exception("settling %d writes crashed; retrying", len(items))
                 results = {m: (Outcome.PENDING, None) for m in items}
+            finally:
+                self._round_began = None
             with self._cv:
                 self._inflight -= len(items)
                 for mid, (outcome, hint) in results.items():

@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import ColumnElement, or_, select, update
+from sqlalchemy import ColumnElement, func, or_, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from walkeep import ids, ledger, nowait
@@ -229,6 +229,37 @@ def _note_use(db: Database, key_id: str, last_used_at: datetime | None) -> None:
         return
     except SQLAlchemyError as exc:
         log.warning("could not record an API key's last use: %s", type(exc).__name__)
+
+
+def key_state_mark(db: Database) -> tuple[object, ...]:
+    """A mark that changes whenever the set of valid keys may have: a key created or
+    revoked, an account disabled or enabled. Cheap aggregates, so a web process can ask
+    every few seconds and reload :func:`valid_key_hashes` only when it moved."""
+    with db.read() as s:
+        keys = s.execute(
+            select(
+                func.count(),
+                func.max(ApiKey.created_at),
+                func.count(ApiKey.revoked_at),
+                func.max(ApiKey.revoked_at),
+            ).select_from(ApiKey)
+        ).one()
+        disabled = s.execute(
+            select(func.count(Account.disabled_at), func.max(Account.disabled_at))
+        ).one()
+    return (*keys, *disabled)
+
+
+def valid_key_hashes(db: Database) -> list[str]:
+    """The hashes of every key :func:`authenticate` would accept now."""
+    with db.read() as s:
+        return list(
+            s.scalars(
+                select(ApiKey.key_hash)
+                .join(Account, Account.id == ApiKey.account_id)
+                .where(ApiKey.revoked_at.is_(None), Account.disabled_at.is_(None))
+            )
+        )
 
 
 def grant(

@@ -735,12 +735,30 @@ def open_session(
     return sid
 
 
-SIGN_IN_PER_MINUTE = 10  # per client address and per target (a key's prefix, or the admin)
+SIGN_IN_PER_MINUTE = 10  # failed sign-ins per client address and credential kind
 _SIGN_IN_WINDOW = 60
 
 
-def take_sign_in_attempt(db: Database, buckets: Sequence[str]) -> int:
-    """Count one sign-in attempt in each bucket; 0, or the seconds before another is allowed.
+def sign_in_wait(db: Database, bucket: str) -> int:
+    """0, or the seconds before ``bucket`` may try again: it has failed
+    ``SIGN_IN_PER_MINUTE`` times in this one-minute window. Read only: asking costs
+    nothing, so only failures use up a client's tries (see :func:`sign_in_failed`)."""
+    now = db.clock.time()
+    window = int(now // _SIGN_IN_WINDOW) * _SIGN_IN_WINDOW
+    with db.read() as s:
+        failed = s.scalar(
+            select(SignInAttempts.attempts).where(
+                SignInAttempts.bucket == _bucket_key(bucket),
+                SignInAttempts.window_start == window,
+            )
+        )
+    if failed is None or failed < SIGN_IN_PER_MINUTE:
+        return 0
+    return max(1, math.ceil(window + _SIGN_IN_WINDOW - now))
+
+
+def sign_in_failed(db: Database, buckets: Sequence[str]) -> list[int]:
+    """Count one failed sign-in in each bucket; each bucket's failures this minute.
 
     Counted in ``sign_in_attempts`` (fixed one-minute windows), not in the process:
     every web process sees the same counts, so N processes allow no more guesses
@@ -748,15 +766,17 @@ def take_sign_in_attempt(db: Database, buckets: Sequence[str]) -> int:
     never holds two of these rows, so attempts and the sweep's pruning cannot
     deadlock on PostgreSQL.
     """
-    now = db.clock.time()
-    window = int(now // _SIGN_IN_WINDOW) * _SIGN_IN_WINDOW
-    over = False
+    window = int(db.clock.time() // _SIGN_IN_WINDOW) * _SIGN_IN_WINDOW
+    counts = []
     for bucket in buckets:
         with db.begin() as s:
-            over |= _count_attempt(s, hashlib.sha256(bucket.encode()).hexdigest(), window) > (
-                SIGN_IN_PER_MINUTE
-            )
-    return max(1, math.ceil(window + _SIGN_IN_WINDOW - now)) if over else 0
+            counts.append(_count_attempt(s, _bucket_key(bucket), window))
+    return counts
+
+
+def _bucket_key(bucket: str) -> str:
+    """Stored as its SHA-256: the table never holds a client's address."""
+    return hashlib.sha256(bucket.encode()).hexdigest()
 
 
 def _count_attempt(s: Session, bucket: str, window: int) -> int:
