@@ -95,6 +95,24 @@ def test_request_id_in_and_out_and_one_access_line(
     assert denied.status == 401 and denied.levelno == logging.INFO  # type: ignore[attr-defined]
 
 
+def test_rest_access_lines_name_the_calling_account(
+    live: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An operator reading the access log can tell which tenant a REST call came from, as
+    for MCP: the line carries the account id (never the key)."""
+    created = accounts.create_account(live.rt.db, "logged")
+    with caplog.at_level(logging.INFO, logger="walkeep.access"):
+        r = httpx.get(f"{live.url}/v1/check_balance", headers=_auth(created.api_key), timeout=5)
+    assert r.status_code == 200
+    line = next(
+        x
+        for x in caplog.records
+        if x.name == "walkeep.access"
+        and getattr(x, "request_id", None) == r.headers["x-request-id"]
+    )
+    assert line.account_id == created.account_id  # type: ignore[attr-defined]
+
+
 # --- /docs works offline -----------------------------------------------------------------
 
 

@@ -61,9 +61,12 @@ async def caller(request: Request) -> Caller:
         raise unauthorized(public_url, token_sent=False, path="")
     keys: KeyCache = request.app.state.keys
     try:
-        return await run_in_threadpool(keys.resolve, token)
+        who = await run_in_threadpool(keys.resolve, token)
     except Unauthorized:
         raise unauthorized(public_url, token_sent=True, path="") from None
+    # The access log (api/middleware.py) names the tenant, as it does for MCP calls.
+    request.state.account_id = who.account_id
+    return who
 
 
 Auth = Annotated[Caller, Depends(caller)]
