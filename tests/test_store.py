@@ -174,6 +174,25 @@ def test_validation(rt: Runtime, kwargs: dict, field: str) -> None:  # type: ign
     assert _count(rt, Memory) == 0
 
 
+def test_metadata_is_bounded_as_a_whole_and_the_bound_is_inclusive(rt: Runtime) -> None:
+    """Each key within its own limits, yet 17 × 1,024 characters of values: refused as a
+    whole (16 KiB of compact UTF-8 JSON), naming the field; exactly at the bound, accepted."""
+    a = account(rt)
+    big = {f"k{i:02d}": "é" * 1024 for i in range(17)}  # 2 bytes a character
+    with pytest.raises(ValidationError) as err:
+        store.store(rt, a, content="x", request_id="md-big", metadata=big)
+    assert err.value.data == {
+        "field": "metadata",
+        "max_bytes": 16 * 1024,
+        "bytes": store.metadata_bytes(big),
+    }
+    assert _count(rt, Memory) == 0
+    exact = {"k": "v" * 1016, **{f"k{i:02d}": "v" * 1015 for i in range(15)}}
+    assert store.metadata_bytes(exact) == 16 * 1024
+    store.store(rt, a, content="x", request_id="md-exact", metadata=exact)
+    assert _count(rt, Memory) == 1
+
+
 def test_relayer_unavailable_at_accept_bills_nothing_and_replay_retries(rt: Runtime) -> None:
     a = account(rt, credits=5)
     rt.extras["faults"].unreachable = True

@@ -77,6 +77,11 @@ class Settings(BaseSettings):
     max_metadata_keys: int = Field(default=32, ge=0)
     max_metadata_key_chars: int = Field(default=64, ge=1)
     max_metadata_value_chars: int = Field(default=1024, ge=1)
+    max_metadata_bytes: int = Field(
+        default=16 * 1024,
+        ge=2,
+        description="A memory's metadata as compact UTF-8 JSON, in bytes (all keys together).",
+    )
     promo_credits_usd: str = Field(default="1.00", description="Credits for a new default account.")
     topup_max_usd: str = "10000"
     export_page_size: int = Field(

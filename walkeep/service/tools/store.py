@@ -38,6 +38,7 @@ would drift.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import time
 from collections.abc import Iterable
@@ -124,7 +125,20 @@ def validate_metadata(rt: Runtime, metadata: dict[str, str] | None) -> dict[str,
                 f"metadata value for {k!r} exceeds {s.max_metadata_value_chars} characters",
                 {"field": "metadata", "key": k, "max_value_chars": s.max_metadata_value_chars},
             )
+    # Per-key limits alone allow 32 × 1,088 characters (up to ~140 KB of UTF-8) per memory,
+    # kept in the database at the operator's cost: bound the whole map as it is stored.
+    n = metadata_bytes(md)
+    if n > s.max_metadata_bytes:
+        raise ValidationError(
+            f"metadata is {n} bytes as JSON; at most {s.max_metadata_bytes} are allowed",
+            {"field": "metadata", "max_bytes": s.max_metadata_bytes, "bytes": n},
+        )
     return md
+
+
+def metadata_bytes(md: dict[str, str]) -> int:
+    """A metadata map's size as stored: compact UTF-8 JSON."""
+    return len(json.dumps(md, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
 
 
 def _storable_metadata(key: str, value: str) -> None:
