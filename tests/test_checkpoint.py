@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import os
+import sqlite3
 import threading
+from pathlib import Path
 
 from sqlalchemy import text
 from starlette.testclient import TestClient
@@ -13,7 +16,7 @@ from walkeep.bootstrap import build_runtime
 from walkeep.clock import ManualClock
 from walkeep.db import Database
 from walkeep.db.checkpoint import WalCheckpointer
-from walkeep.db.engine import AUTOCHECKPOINT_PAGES
+from walkeep.db.engine import AUTOCHECKPOINT_PAGES, _sqlite_on_connect
 
 
 def _write_pages(db: Database, pages: int) -> None:
@@ -61,3 +64,34 @@ def test_the_server_checkpoints_on_its_own_thread_while_it_runs(
         assert client.get("/healthz").status_code == 200
         assert running()
     assert not running()
+
+
+def test_deleted_rows_leave_no_bytes_in_the_file_or_its_wal(sqlite_db: Database) -> None:
+    """secure_delete: a deleted row is overwritten, not left in a free page that a copy of
+    the file (a backup, a stolen disk) would still hold."""
+    db = sqlite_db
+    with db.read() as s:
+        assert s.execute(text("PRAGMA secure_delete")).scalar() == 1
+    # Debian builds SQLite with SECURE_DELETE on by default; others don't: Walkeep turns it
+    # on itself on every connection.
+    raw = sqlite3.connect(":memory:")
+    raw.execute("PRAGMA secure_delete=OFF")
+    _sqlite_on_connect(raw, None)
+    assert raw.execute("PRAGMA secure_delete").fetchone() == (1,)
+    raw.close()
+    marker = "zq-forgotten-secret-7f3a"
+    with db.begin() as s:
+        s.execute(text("CREATE TABLE IF NOT EXISTS shredded (x TEXT)"))
+        s.execute(text("INSERT INTO shredded (x) VALUES (:x)"), {"x": marker * 50})
+    WalCheckpointer(db).checkpoint()
+    with db.begin() as s:
+        s.execute(text("DELETE FROM shredded"))
+    conn = db.engine.raw_connection()
+    try:
+        assert conn.cursor().execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] == 0
+    finally:
+        conn.close()
+    path = db.engine.url.database
+    assert path
+    files = [Path(p) for p in (path, path + "-wal") if os.path.exists(p)]
+    assert all(marker.encode() not in p.read_bytes() for p in files)

@@ -473,3 +473,20 @@ def test_an_empty_answer_the_database_agrees_with_costs_no_rebuild(
     assert recall.recall(rt, account(rt), query="herons").results == []
     assert dep.current() == path
     assert {r: _rebuilds(r) for r in before} == before
+
+
+def test_index_files_are_owner_only_whatever_the_umask(rt: Runtime) -> None:
+    """Segments hold vectors that confirm guesses through the public model: every
+    directory under the index root is 0700 and every file 0600, even under umask 022."""
+    old = os.umask(0o022)
+    try:
+        dep = Deployment(rt)
+    finally:
+        os.umask(old)
+    root = dep.index.root
+    seen = 0
+    for path in [root, *root.rglob("*")]:
+        mode = path.stat().st_mode & 0o777
+        assert mode == (0o700 if path.is_dir() else 0o600), (path, oct(mode))
+        seen += 1
+    assert seen > 10  # the walk saw the generation's arrays, not an empty tree

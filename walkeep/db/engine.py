@@ -74,6 +74,9 @@ def _sqlite_on_connect(dbapi_conn: sqlite3.Connection, _record: Any) -> None:
     cur.execute("PRAGMA foreign_keys=ON")
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute(f"PRAGMA wal_autocheckpoint={AUTOCHECKPOINT_PAGES}")
+    # Deleted rows (a forgotten memory's index rows, spent request rows) are overwritten
+    # with zeros instead of lingering in free pages of the file or its WAL.
+    cur.execute("PRAGMA secure_delete=ON")
     cur.close()
 
 

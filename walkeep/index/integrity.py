@@ -142,6 +142,7 @@ def stamp(
     tmp = path / f".{STAMP}.{os.getpid()}.{os.urandom(3).hex()}"
     with contextlib.suppress(OSError):
         tmp.write_text(json.dumps(files))
+        os.chmod(tmp, 0o600)  # owner-only, as every file of the index (segment.private_dir)
         tmp.replace(path / STAMP)
 
 

@@ -107,6 +107,7 @@ class SearchIndex:
         self.rows = IndexRows(db, embedder, terms_key)
         self.terms_key = terms_key
         self.root = root
+        seglib.private_dir(root)  # also tightens a directory an older version left 0755
         self.ranking: rk.Ranking = ranking
         self.cache_bytes = cache_bytes
         self.merge_rows = merge_rows
@@ -715,8 +716,9 @@ def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
 @contextlib.contextmanager
 def _file_lock(root: Path, *, blocking: bool) -> Iterator[bool]:
     """An exclusive lock on ``root/lock`` (one writer of a directory per host)."""
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / "lock", "a+") as f:
+    seglib.private_dir(root)
+    fd = os.open(root / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+    with open(fd, "a+") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
         except BlockingIOError:

@@ -461,12 +461,27 @@ def build_ann(vec_i8: np.ndarray) -> object:
     return index
 
 
+def private_dir(path: Path) -> None:
+    """Create ``path`` (and its parents) readable by this user only.
+
+    Segments hold what search needs: int8 vectors that confirm a guessed text through the
+    public model, and keyed term postings (docs/security.md). They are as sensitive as the
+    data itself, so every directory of the index is 0700 and every file 0600, whatever the
+    process umask.
+    """
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for p in (path, *missing):
+        os.chmod(p, 0o700)
+
+
 def save(seg: Segment, root: Path) -> Path:
     """Write ``seg`` as a new generation under ``root`` and publish it; returns its dir."""
-    root.mkdir(parents=True, exist_ok=True)
+    private_dir(root)
     name = f"gen-{seg.meta.generation}-{seg.meta.high_water}-{os.getpid()}-{os.urandom(3).hex()}"
     tmp = root / f".{name}"
-    tmp.mkdir()
+    tmp.mkdir(mode=0o700)
+    os.chmod(tmp, 0o700)
     sizes: dict[str, int] = {}
     for array in _ARRAYS:
         path = tmp / f"{array}.npy"
@@ -486,6 +501,7 @@ def save(seg: Segment, root: Path) -> Path:
     seg.meta.checksums = {file: integrity.file_checksum(tmp / file) for file in sizes}
     (tmp / "meta.json").write_text(json.dumps(asdict(seg.meta)))
     for path in tmp.iterdir():
+        os.chmod(path, 0o600)
         _fsync(path)
     identities = {file: integrity.identity(tmp / file) for file in large}
     integrity.stamp(tmp, seg.meta.checksums, identities, time.time_ns())
@@ -493,6 +509,7 @@ def save(seg: Segment, root: Path) -> Path:
     tmp.rename(final)
     pointer = root / f".CURRENT.{os.getpid()}.{os.urandom(3).hex()}"
     pointer.write_text(name)
+    os.chmod(pointer, 0o600)
     _fsync(pointer)
     pointer.replace(root / "CURRENT")
     _fsync(root)
