@@ -150,6 +150,7 @@ def test_tool_list_schemas_and_annotations(live: Server) -> None:
             limit = tools["recall"].input_schema["properties"]["limit"]
             assert (limit["minimum"], limit["maximum"], limit["default"]) == (1, 50, 5)
             assert set(tools["store"].input_schema["required"]) == {"content", "request_id"}
+            assert all(t.input_schema["additionalProperties"] is False for t in tools.values())
 
     anyio.run(go)
 
@@ -278,6 +279,16 @@ def test_every_error_code(live: Server) -> None:
             await call_err(c, "store", {"request_id": "r"}, "VALIDATION_ERROR")
             u = await call_err(c, "no_such_tool", {}, "VALIDATION_ERROR")
             assert "store" in u["data"]["tools"]
+            # A misspelled argument is never silently ignored: nothing is stored.
+            typo = await call_err(
+                c,
+                "store",
+                {"content": "x", "request_id": "typo", "namspace": "w"},
+                "VALIDATION_ERROR",
+            )
+            assert typo["data"] == {"field": "namspace", "unknown": ["namspace"]}
+            await call_err(c, "recall", {"query": "x", "limitt": 3}, "VALIDATION_ERROR")
+            await call_err(c, "check_runway", {"request_id": "r"}, "VALIDATION_ERROR")
             await call_ok(c, "store", {"content": "one", "request_id": "dup"})
             await call_err(c, "store", {"content": "two", "request_id": "dup"}, "VALIDATION_ERROR")
             await call_err(c, "top_up", {"amount_usd": 0.49, "request_id": "t"}, "VALIDATION_ERROR")
@@ -363,6 +374,19 @@ def test_http_auth_and_rest_mirror(live: Server) -> None:
         )
         v = h.post("/v1/recall", json={"query": "x", "limit": 99}, headers=auth)
         assert v.status_code == 422 and v.json()["code"] == "VALIDATION_ERROR"
+        # Misspelled arguments are refused, in a body and in a query string alike.
+        typo = h.post("/v1/recall", json={"query": "x", "limitt": 3}, headers=auth)
+        assert typo.status_code == 422 and typo.json()["code"] == "VALIDATION_ERROR"
+        for path, params in (
+            ("/v1/check_runway", {"memroy_id": "mem_nope"}),
+            ("/v1/export", {"namspace": "w"}),
+            ("/v1/check_balance", {"x": "1"}),
+        ):
+            q = h.get(path, params=params, headers=auth)
+            assert q.status_code == 422, (path, q.text)
+            assert q.json()["data"] == {"field": next(iter(params)), "unknown": [*params]}
+        ok = h.get("/v1/export", params={"limit": 1}, headers=auth)
+        assert ok.status_code == 200
         broke = accounts.create_account(live.rt.db, "rest-broke").api_key
         p = h.post(
             "/v1/store",

@@ -86,10 +86,10 @@ def transport_security(rt: Runtime) -> TransportSecuritySettings:
 
 def body_limits(settings: Settings) -> BodyLimits:
     """Per-route body caps: tools get what the largest legal store needs, the rest little."""
-    # UTF-8 takes up to 4 bytes a character; the whole map is bounded in bytes as well.
-    per_key = 4 * (settings.max_metadata_key_chars + settings.max_metadata_value_chars)
-    metadata = min(settings.max_metadata_bytes, settings.max_metadata_keys * per_key)
-    tools = tool_body_limit(settings.max_memory_bytes, metadata)
+    metadata = settings.max_metadata_keys * (
+        settings.max_metadata_key_chars + settings.max_metadata_value_chars
+    )
+    tools = tool_body_limit(settings.max_memory_bytes, 4 * metadata)
     return BodyLimits(
         rules=[("/webhooks/stripe", WEBHOOK_MAX_BODY), ("/v1", tools), ("/mcp", tools)]
     )

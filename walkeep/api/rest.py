@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from starlette.concurrency import run_in_threadpool
 
 from walkeep.api.auth import KeyCache, bearer_token, unauthorized
-from walkeep.errors import Unauthorized
+from walkeep.errors import Unauthorized, ValidationError
 from walkeep.mcp.server import Caller
 from walkeep.service.runtime import Runtime
 from walkeep.service.tools import balance, export, forget, recall, runway, store
@@ -47,7 +47,29 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     },
 }
 
-router = APIRouter(prefix="/v1", tags=["tools"], responses=ERRORS)
+
+async def known_query_only(request: Request) -> None:
+    """Refuse a query parameter the route does not take, as bodies refuse unknown fields
+    (``extra="forbid"``): a misspelled ``memroy_id`` must not turn a receipt into the
+    account summary, nor a misspelled filter widen an export."""
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    if dependant is None:
+        return
+    known = {p.alias for p in dependant.query_params}
+    for dep in dependant.dependencies:
+        known |= {p.alias for p in dep.query_params}
+    unknown = sorted(set(request.query_params) - known)
+    if unknown:
+        raise ValidationError(
+            f"{request.url.path.rsplit('/', 1)[-1]} does not take {', '.join(map(repr, unknown))}",
+            {"field": unknown[0], "unknown": unknown},
+        )
+
+
+router = APIRouter(
+    prefix="/v1", tags=["tools"], responses=ERRORS, dependencies=[Depends(known_query_only)]
+)
 
 
 def runtime(request: Request) -> Runtime:

@@ -217,16 +217,44 @@ class WalkeepMCP(MCPServer):
     async def list_tools(self):  # type: ignore[no-untyped-def]
         tools = await super().list_tools()
         return [
-            t.model_copy(update={"output_schema": with_error_branch(t.output_schema)})
-            if t.output_schema
-            else t
+            t.model_copy(
+                update={
+                    # A misspelled argument is refused (call_tool), and the schema says so.
+                    "input_schema": {**t.input_schema, "additionalProperties": False},
+                    **(
+                        {"output_schema": with_error_branch(t.output_schema)}
+                        if t.output_schema
+                        else {}
+                    ),
+                }
+            )
             for t in tools
         ]
+
+    async def _unknown_arguments(self, name: str, arguments: dict[str, Any] | None) -> list[str]:
+        """Arguments the tool does not take. The SDK drops them silently, so a misspelled
+        optional argument (``namspace``) would quietly change what a call means."""
+        if not arguments:
+            return []
+        for tool in await super().list_tools():
+            if tool.name == name:
+                known = set((tool.input_schema or {}).get("properties", {}))
+                return sorted(k for k in arguments if k not in known)
+        return []  # an unknown tool: the SDK's error path names it
 
     async def call_tool(self, name, arguments, context=None):  # type: ignore[no-untyped-def]
         started = time.perf_counter()
         try:
-            result = await super().call_tool(name, arguments, context)
+            unknown = await self._unknown_arguments(name, arguments)
+            if unknown:
+                result = error_result(
+                    ValidationError(
+                        f"{name} does not take {', '.join(map(repr, unknown))}",
+                        {"field": unknown[0], "unknown": unknown},
+                    )
+                )
+            else:
+                result = await super().call_tool(name, arguments, context)
         except UnexpectedToolError as exc:
             if is_outage(exc):
                 log.warning("tool %s: database unavailable", name)
