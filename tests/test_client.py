@@ -25,6 +25,12 @@ def test_every_method_round_trips(live: Server) -> None:  # noqa: F811
         hits = wk.recall("which units", limit=3)
         assert isinstance(hits, RecallResult)
         assert hits.results and hits.results[0].content == "The user prefers metric units."
+        top = hits.results[0]  # what was stored, read back
+        assert (top.memory_id, top.namespace, top.metadata) == (
+            stored.memory_id,
+            "default",
+            {"k": "v"},
+        )
         runway = wk.check_runway(stored.memory_id)
         assert runway.memories[0].status == "active"
         balance = wk.check_balance()
@@ -33,6 +39,7 @@ def test_every_method_round_trips(live: Server) -> None:  # noqa: F811
         assert link.checkout_url.startswith("http") and link.amount_usd == 5.0
         exported = wk.export()
         assert [m.memory_id for m in exported.memories] == [stored.memory_id]
+        assert exported.memories[0].metadata == {"k": "v"}
         gone = wk.forget(stored.memory_id, request_id="f1")
         assert gone.status == "no-renew"
 

@@ -186,11 +186,17 @@ def test_the_store_flow_end_to_end(live: Server) -> None:
                 "results"
             ]
             assert hits[0]["content"] == "User prefers dark mode"
+            assert (hits[0]["memory_id"], hits[0]["namespace"], hits[0]["metadata"]) == (
+                first["memory_id"],
+                "default",
+                {},
+            )
             by_blob = await call_ok(c, "check_runway", {"memory_id": hits[0]["blob_id"]})
             assert by_blob["memories"][0]["memory_id"] == first["memory_id"]
 
             exported = await call_ok(c, "export", {})
             assert exported["content_included"] is True and len(exported["memories"]) == 1
+            assert exported["memories"][0]["metadata"] == {}
             bal = await call_ok(c, "check_balance")
             assert bal["balance_credits"] == 99 and bal["balance_usd"] == 0.99
 

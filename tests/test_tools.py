@@ -156,6 +156,29 @@ def test_export_lists_content_and_ownership(rt: Runtime) -> None:
     assert rt.chain.get_blob(m.blob_object_id).owner == res.ownership_proof.owner_address  # type: ignore[union-attr]
     assert res.ownership_proof.owner_address == rt.chain.owner_address()
     assert len(export.export(rt, a).memories) == 2
+    assert m.metadata == {"k": "v"}
+
+
+def test_recall_and_export_read_back_what_was_stored(rt: Runtime, clock) -> None:  # type: ignore[no-untyped-def]
+    """Hits carry memory_id, namespace and metadata; identical content stored twice in one
+    namespace is one hit, reported as the newer memory."""
+    a = account(rt)
+    older = _stored(rt, a, "The deploy key rotates on Mondays.", "r1", metadata={"v": "1"})
+    clock.advance(5)
+    newer = _stored(rt, a, "The deploy key rotates on Mondays.", "r2", metadata={"v": "2"})
+    _stored(rt, a, "Lunch is at noon.", "r3", namespace="team", metadata={"kind": "fact"})
+    hits = recall.recall(rt, a, query="when does the deploy key rotate", limit=10).results
+    same = [h for h in hits if h.content == "The deploy key rotates on Mondays."]
+    assert len(same) == 1
+    assert (same[0].memory_id, same[0].namespace, same[0].metadata) == (
+        newer,
+        "default",
+        {"v": "2"},
+    )
+    lunch = recall.recall(rt, a, query="lunch", namespace="team").results[0]
+    assert (lunch.namespace, lunch.metadata) == ("team", {"kind": "fact"})
+    exported = {m.memory_id: m.metadata for m in export.export(rt, a).memories}
+    assert exported == {older: {"v": "1"}, newer: {"v": "2"}, lunch.memory_id: {"kind": "fact"}}
 
 
 def test_check_balance_estimates(rt: Runtime) -> None:

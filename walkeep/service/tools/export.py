@@ -177,6 +177,7 @@ def export(
             blob_object_id=b.blob_object_id,
             quilt_id=b.blob_id if b.kind == "quilt" else None,
             stored_at=m.stored_at or m.accepted_at,
+            metadata=m.metadata_ or {},
         )
         for m, b in page
     ]

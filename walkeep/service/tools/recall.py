@@ -108,7 +108,7 @@ def _showable(
     ahead = [b for b in ranked[:limit] if first[b].content is None]
     early = _READ_AHEAD.submit(rt.relayer.read_many, account_id, ahead) if ahead else None
     current = rt.chain.current_epoch()
-    results: list[RecallHit] = []
+    results: list[tuple[str, str, float, datetime, int]] = []
     contents: dict[str, str] = {}
     tried: set[str] = set()
     done = 0
@@ -143,16 +143,53 @@ def _showable(
                     log.warning("blob %s is indexed but unreadable; skipping", blob_id)
                     continue
                 stored_at, end_epoch = visible[blob_id]
-                results.append(
-                    RecallHit(
-                        blob_id=blob_id,
-                        content=content,
-                        score=round(float(hit.score), 4),
-                        stored_at=stored_at,
-                        runway_epochs=lifecycle.runway(end_epoch, current),
-                    )
-                )
-    return results
+                results.append((blob_id, content, hit.score, stored_at, end_epoch))
+    newest = _newest_memories(rt, account_id, namespace, [r[0] for r in results], current)
+    return [
+        RecallHit(
+            blob_id=blob_id,
+            content=content,
+            score=round(float(score), 4),
+            stored_at=stored_at,
+            runway_epochs=lifecycle.runway(end_epoch, current),
+            memory_id=newest[blob_id][0],
+            namespace=newest[blob_id][1],
+            metadata=newest[blob_id][2],
+        )
+        for blob_id, content, score, stored_at, end_epoch in results
+        if blob_id in newest  # forgotten between the two reads: not shown
+    ]
+
+
+def _newest_memories(
+    rt: Runtime, account_id: str, namespace: str | None, blob_ids: list[str], current: int
+) -> dict[str, tuple[str, str, dict[str, str]]]:
+    """For each shown blob, the newest visible memory in scope: (id, namespace, metadata).
+
+    Identical content stored more than once shares one blob, so a hit is one blob; it is
+    reported as the memory stored last. Only the shown hits' rows are read (at most
+    ``limit``), apart from the index-only visibility check of every candidate.
+    """
+    if not blob_ids:
+        return {}
+    q = (
+        select(Memory.blob_id, Memory.id, Memory.namespace, Memory.metadata_)
+        .join(Blob, Blob.id == Memory.blob_pk)
+        .where(
+            Memory.account_id == account_id,
+            Memory.status.in_(list(VISIBLE)),
+            Memory.blob_id.in_(blob_ids),
+            Blob.end_epoch > current,
+        )
+        .order_by(func.coalesce(Memory.stored_at, Memory.accepted_at).desc(), Memory.id.desc())
+    )
+    if namespace is not None:
+        q = q.where(Memory.namespace == namespace)
+    newest: dict[str, tuple[str, str, dict[str, str]]] = {}
+    with rt.db.read() as s:
+        for blob_id, memory_id, ns, metadata in s.execute(q):
+            newest.setdefault(blob_id, (memory_id, ns, dict(metadata or {})))
+    return newest
 
 
 # Reads a recall's first hits while their visibility is checked (see _showable).

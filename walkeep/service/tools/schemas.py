@@ -34,6 +34,12 @@ class RecallHit(_Out):
     score: float
     stored_at: datetime
     runway_epochs: int
+    memory_id: str = Field(
+        description="The memory this hit is (the newest, when identical content was stored "
+        "more than once in scope)."
+    )
+    namespace: str
+    metadata: dict[str, str] = Field(description="The metadata map given to store, verbatim.")
 
 
 class RecallResult(_Out):
@@ -126,6 +132,7 @@ class ExportMemory(_Out):
     blob_id: str
     blob_object_id: str
     stored_at: datetime
+    metadata: dict[str, str] = Field(description="The metadata map given to store, verbatim.")
     # The quilt's own blob id when the memory is packed in a quilt (its blob_id is
     # then the patch id, and blob_object_id the quilt's Blob object).
     quilt_id: str | None = None
