@@ -528,7 +528,7 @@ class SurrogateGuard:
 
 def _surrogate_reply(body: bytes) -> tuple[int, dict[str, object]] | None:
     from walkeep.errors import ValidationError, jsonrpc_body
-    from walkeep.mcp.server import error_result
+    from walkeep.mcp.envelope import error_result
 
     try:
         request = json.loads(body)

@@ -20,7 +20,8 @@ from walkeep.api.auth import KeyCache
 from walkeep.bootstrap import build_runtime
 from walkeep.config import Settings
 from walkeep.errors import ConfigurationError, Unauthorized
-from walkeep.mcp.server import Caller, WalkeepMCP, build_mcp, current_caller, error_result
+from walkeep.mcp.envelope import WalkeepMCP, error_result
+from walkeep.mcp.server import Caller, build_mcp, current_caller
 from walkeep.onboarding import credentials_path, resolve_api_key
 from walkeep.service.runtime import Runtime
 
