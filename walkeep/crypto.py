@@ -20,6 +20,7 @@ import base64
 import binascii
 import contextlib
 import hashlib
+import hmac
 import logging
 import os
 import secrets
@@ -228,6 +229,29 @@ def open_secret(master_key: bytes, stored: str, *, context: str) -> str:
             "a stored secret does not open with this master key (was WALKEEP_MASTER_KEY "
             "changed, or is it different in this process?)"
         ) from exc
+
+
+_DIGEST_INFO = b"walkeep/v1/hmac-sha256/digests\x00"
+# A keyed digest is this letter and 63 hex digits; a bare SHA-256 in hex never starts with it.
+KEYED_DIGEST_PREFIX = "k"
+
+
+def digest_key(master_key: bytes, account_id: str) -> bytes:
+    """The account's key for digests of its data at rest (content hashes, request
+    fingerprints). Derived from the master key and the account id, not from the data key:
+    digests are taken on every store before any data key is loaded, and by the MemWal
+    relayer's deployments, which hold no data keys."""
+    info = _DIGEST_INFO + account_id.encode("utf-8")
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(master_key)
+
+
+def keyed_digest(key: bytes, label: bytes, sha256: bytes) -> str:
+    """HMAC-SHA256 over ``label`` and a SHA-256 of the data, as stored (64 characters).
+
+    Taken over the data's SHA-256 (not the data) so a row stored with the bare SHA-256
+    can be rewritten without its plaintext, which the database never held."""
+    mac = hmac.new(key, label + b"\x00" + sha256, hashlib.sha256).hexdigest()
+    return KEYED_DIGEST_PREFIX + mac[:63]
 
 
 # --- per-account data keys -----------------------------------------------------------

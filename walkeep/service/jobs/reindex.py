@@ -10,7 +10,10 @@ keeps answering throughout:
    read back (decrypted with the account's key), chunked as it was, and the
    terms written into those rows. The worker's ``reindex`` job does this on its
    own after an upgrade, a batch per run, and logs how many remain.
-2. **memories without rows** (``rebuild`` only) — a visible memory whose blob has
+2. **bare digests** — content hashes and request fingerprints stored as bare SHA-256
+   before they were keyed are rewritten keyed (``walkeep/service/digests.py``), a batch
+   per run, whatever the relayer.
+3. **memories without rows** (``rebuild`` only) — a visible memory whose blob has
    no row of the active model (a model switch, rows lost) is embedded again.
 
 Rows rewritten in place bump the account's index generation, so every process
@@ -31,6 +34,7 @@ from walkeep.index import terms as termlib
 from walkeep.index.rows import COPY_STRIDE
 from walkeep.index.search import SearchIndex
 from walkeep.lifecycle import VISIBLE
+from walkeep.service import digests
 from walkeep.service.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -48,6 +52,8 @@ class ReindexReport:
     unreadable: int = 0
     remaining: int = 0
     segments_written: int = 0
+    # Content hashes and request fingerprints stored bare before they were keyed, rewritten.
+    digests_rekeyed: int = 0
 
 
 def search_index(rt: Runtime) -> SearchIndex:
@@ -71,8 +77,9 @@ def missing_terms(rt: Runtime, account_id: str | None = None) -> int:
 
 
 def backfill(rt: Runtime, *, max_rows: int = 5_000) -> ReindexReport:
-    """The worker's ``reindex`` job: give up to ``max_rows`` term-less rows their terms."""
-    report = ReindexReport()
+    """The worker's ``reindex`` job: give up to ``max_rows`` term-less rows their terms,
+    and key digests stored bare by an earlier version (walkeep/service/digests.py)."""
+    report = ReindexReport(digests_rekeyed=digests.rekey(rt))
     index = getattr(rt.relayer, "index", None)
     if not isinstance(index, SearchIndex):
         return report  # a relayer that ranks remotely

@@ -41,7 +41,7 @@ TOOL = "forget"
 
 def forget(rt: Runtime, account_id: str, *, memory_id: str, request_id: str) -> ForgetResult:
     idempotency.validate_request_id(request_id)
-    fp = idempotency.fingerprint(memory_id=memory_id)
+    fp = idempotency.fingerprint(rt, account_id, memory_id=memory_id)
     with rt.db.read() as s:
         prior = idempotency.find(s, account_id, TOOL, request_id)
     if prior is not None:
@@ -81,7 +81,7 @@ def forget(rt: Runtime, account_id: str, *, memory_id: str, request_id: str) -> 
                     account_id=account_id,
                     tool=TOOL,
                     request_id=request_id,
-                    fingerprint=fp,
+                    fingerprint=fp.keyed,
                     status="done",
                     response=result.model_dump(mode="json"),
                     created_at=now,

@@ -4,13 +4,14 @@ A request row is claimed with an INSERT under a UNIQUE constraint: the first
 caller wins, every later caller (a replay, or a racer) finds the row and gets
 the original outcome. The row stores a fingerprint of the arguments, so the
 same request_id with different arguments is refused instead of silently
-returning an unrelated result.
+returning an unrelated result. The fingerprint is keyed (walkeep/service/digests.py):
+a copy of the database cannot confirm a guess of a call's arguments.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select
@@ -19,6 +20,8 @@ from sqlalchemy.orm import Session
 from walkeep import ids
 from walkeep.db.models import Request
 from walkeep.errors import ValidationError
+from walkeep.service import digests
+from walkeep.service.runtime import Runtime
 
 REQUEST_ID_MAX = 255
 
@@ -34,10 +37,20 @@ def validate_request_id(request_id: str) -> str:
     return ids.check_identifier(request_id, "request_id")
 
 
-def fingerprint(**args: Any) -> str:
-    """A stable hash of a call's arguments (key order and whitespace don't matter)."""
+@dataclass(frozen=True, slots=True)
+class Fingerprint:
+    """A call's arguments, digested: ``keyed`` is what a new row stores; ``bare`` is what a
+    row stored before digests were keyed holds, until the worker rewrites it."""
+
+    keyed: str
+    bare: str
+
+
+def fingerprint(rt: Runtime, account_id: str, **args: Any) -> Fingerprint:
+    """A stable digest of a call's arguments (key order and whitespace don't matter)."""
     canonical = json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+    sha = digests.bare(canonical.encode("utf-8"))
+    return Fingerprint(digests.keyed(rt, account_id, digests.REQUEST, sha), sha.hex())
 
 
 def find(session: Session, account_id: str, tool: str, request_id: str) -> Request | None:
@@ -50,8 +63,8 @@ def find(session: Session, account_id: str, tool: str, request_id: str) -> Reque
     )
 
 
-def check_fingerprint(row: Request, fp: str) -> None:
-    if row.fingerprint != fp:
+def check_fingerprint(row: Request, fp: Fingerprint) -> None:
+    if row.fingerprint not in (fp.keyed, fp.bare):
         raise ValidationError(
             "request_id was already used with different arguments; use a new request_id "
             "for a different call, or replay the original arguments",

@@ -61,6 +61,7 @@ from walkeep.errors import (
     WalkeepError,
 )
 from walkeep.lifecycle import MemoryStatus
+from walkeep.service import digests
 from walkeep.service.namespaces import validate_namespace
 from walkeep.service.pipeline import SETTLED, fail_attempt, hold_ref, job_key
 from walkeep.service.runtime import Runtime
@@ -187,7 +188,7 @@ def store(
         )
     namespace = validate_namespace(namespace)
     md = validate_metadata(rt, metadata)
-    fp = idempotency.fingerprint(content=content, namespace=namespace, metadata=md)
+    fp = idempotency.fingerprint(rt, account_id, content=content, namespace=namespace, metadata=md)
     cost_mc = pricing.store_cost_mc(size, s.store_price_mc_per_64kib)
 
     deadline = time.monotonic() + JOIN_WAIT_SECONDS
@@ -270,7 +271,7 @@ def _claim(
     rt: Runtime,
     account_id: str,
     request_id: str,
-    fp: str,
+    fp: idempotency.Fingerprint,
     namespace: str,
     md: dict[str, str],
     size: int,
@@ -295,7 +296,7 @@ def _claim(
         namespace=namespace,
         metadata_=md,
         size_bytes=size,
-        content_hash=_content_hash(content),
+        content_hash=digests.content_hash(rt, account_id, content),
         status=MemoryStatus.ACCEPTING,
         cost_mc=cost_mc,
         attempt=1,
@@ -307,7 +308,7 @@ def _claim(
         "account_id": account_id,
         "tool": TOOL,
         "request_id": request_id,
-        "fingerprint": fp,
+        "fingerprint": fp.keyed,
         "status": "in_progress",
         "memory_id": memory_id,
         "created_at": now,
@@ -468,7 +469,7 @@ _INSERT_MEMORY = Prepared(insert(table(Memory)), keys=_MEMORY_COLUMNS)
 
 
 def _reclaim_failed(
-    rt: Runtime, memory: Memory, fp: str, content: str, cost_mc: int
+    rt: Runtime, memory: Memory, fp: idempotency.Fingerprint, content: str, cost_mc: int
 ) -> tuple[AnyMemory, float] | None:
     """Retry a terminally failed store under the same request_id (never poisoned)."""
     now = rt.clock.now()
@@ -696,12 +697,6 @@ def _check_usage(rt: Runtime, sess: Session, account_id: str, size: int, now: da
         max_total_bytes=rt.settings.max_total_bytes,
         max_stores_per_day=rt.settings.max_stores_per_day,
     )
-
-
-def _content_hash(content: str) -> str:
-    import hashlib
-
-    return hashlib.sha256(content.encode("utf-8")).hexdigest()
 
 
 def _result(memory: AnyMemory, status: str, note: str) -> StoreResult:
