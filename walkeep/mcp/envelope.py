@@ -65,6 +65,8 @@ class WalkeepMCP(MCPServer):
     """MCPServer with one error envelope for every failure and honest output schemas."""
 
     transport = "http"
+    # Each tool's argument names, read once: the tools are fixed when the server is built.
+    _arguments: dict[str, frozenset[str]] | None = None
 
     async def list_tools(self):  # type: ignore[no-untyped-def]
         tools = await super().list_tools()
@@ -82,10 +84,17 @@ class WalkeepMCP(MCPServer):
     async def _unknown_arguments(self, name: str, arguments: dict[str, Any] | None) -> list[str]:
         """Arguments the tool does not take. The SDK drops them silently, so a misspelled
         optional argument (``namspace``) would quietly change what a call means."""
-        tool = next((t for t in await super().list_tools() if t.name == name), None)
-        if not arguments or tool is None:  # an unknown tool: the SDK's error path names it
+        if not arguments:
             return []
-        return sorted(set(arguments) - set((tool.input_schema or {}).get("properties", {})))
+        if self._arguments is None:
+            self._arguments = {
+                t.name: frozenset((t.input_schema or {}).get("properties", {}))
+                for t in await super().list_tools()
+            }
+        known = self._arguments.get(name)
+        if known is None:  # an unknown tool: the SDK's error path names it
+            return []
+        return sorted(set(arguments) - known)
 
     async def call_tool(self, name, arguments, context=None):  # type: ignore[no-untyped-def]
         started = time.perf_counter()
