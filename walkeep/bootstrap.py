@@ -307,6 +307,9 @@ def build_runtime(
         pressure=pressure,
         extras=extras,
     )
+    from walkeep.service import digests
+
+    digests.prime(rt)  # every store digests its content and arguments under it
     if with_completer:
         from walkeep.service.jobs.completion import Completer
 

@@ -33,14 +33,21 @@ _EXTRA = "digest_keys"
 _lock = threading.Lock()
 
 
+def prime(rt: Runtime) -> None:
+    """Load the master key now (bootstrap calls this), so that no store has to: reading it
+    is a wait, and a store that may run on the event loop would go to a thread instead."""
+    with _lock:
+        rt.extras.setdefault(_EXTRA, {"": load_master_key(rt.settings)})
+
+
 def _key(rt: Runtime, account_id: str) -> bytes:
     keys = rt.extras.get(_EXTRA)
     if keys is None:
-        # The first digest in a process reads the master key (a file in the embedded
-        # default): never on an event loop (walkeep/nowait.py).
+        # Not primed (a runtime built by hand): reading the master key is a wait, never
+        # taken on an event loop (walkeep/nowait.py).
         nowait.refuse("the master key is not loaded yet")
-        with _lock:
-            keys = rt.extras.setdefault(_EXTRA, {"": load_master_key(rt.settings)})
+        prime(rt)
+        keys = rt.extras[_EXTRA]
     key = keys.get(account_id)
     if key is None:
         key = keys[account_id] = digest_key(keys[""], account_id)
