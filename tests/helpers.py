@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import itertools
+import os
+import shutil
+import subprocess
 from datetime import UTC, datetime
+from pathlib import Path
+
+from sqlalchemy.engine import make_url
 
 from walkeep.service.jobs import completion
 from walkeep.service.operators import accounts
@@ -85,3 +91,32 @@ def write_job_row(account_id: str, job_id: str) -> dict[str, object]:
         "created_at": now,
         "updated_at": now,
     }
+
+
+def database_bytes(rt: Runtime) -> bytes:
+    """Every byte a copy of the database holds: the SQLite file with its WAL, or a
+    `pg_dump --data-only`."""
+    url = make_url(rt.db.url)
+    if url.get_backend_name() == "sqlite":
+        rt.db.dispose()
+        path = Path(url.database or "")
+        return b"".join(p.read_bytes() for p in path.parent.glob(path.name + "*"))
+    assert shutil.which("pg_dump"), "pg_dump is needed to inspect the PostgreSQL database"
+    env = {**os.environ, "PGPASSWORD": url.password or ""}
+    out = subprocess.run(
+        [
+            "pg_dump",
+            "--data-only",
+            "-h",
+            url.host or "127.0.0.1",
+            "-p",
+            str(url.port or 5432),
+            "-U",
+            url.username or "postgres",
+            url.database or "",
+        ],
+        check=True,
+        capture_output=True,
+        env=env,
+    )
+    return out.stdout

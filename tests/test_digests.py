@@ -10,7 +10,7 @@ import json
 import pytest
 from sqlalchemy import select, update
 
-from tests.helpers import account, land_all
+from tests.helpers import account, database_bytes, land_all
 from walkeep.db.models import Memory, Request
 from walkeep.errors import ValidationError
 from walkeep.service import digests
@@ -113,3 +113,34 @@ def test_rows_stored_bare_keep_working_and_are_rewritten_by_the_worker(rt: Runti
     with rt.db.read() as s:
         blob_ids = set(s.scalars(select(Memory.blob_id).where(Memory.id.in_([old, again]))))
     assert len(blob_ids) == 1  # deduplicated against the rewritten row
+
+
+def _unkeyed(data: bytes) -> set[bytes]:
+    """Every common unkeyed hash of ``data``, raw and in hex."""
+    out: set[bytes] = set()
+    for name in ("sha256", "sha1", "md5", "blake2b", "blake2s", "sha512"):
+        digest = hashlib.new(name, data).digest()
+        out |= {digest, digest.hex().encode(), digest.hex().upper().encode()}
+    return out
+
+
+def test_a_copy_of_the_database_holds_no_unkeyed_hash_of_a_memory_or_a_call(
+    rt: Runtime,
+) -> None:
+    """The SQLite file and its WAL, or a pg_dump: no unkeyed hash of any stored content or
+    of any call's arguments, a forgotten memory's included."""
+    a = account(rt)
+    secrets_ = ["My PIN is 4821", "Diagnosis: type 2 diabetes", "Door code 7731#"]
+    ids = [
+        store.store(rt, a, content=text, request_id=f"s{i}").memory_id
+        for i, text in enumerate(secrets_)
+    ]
+    land_all(rt)
+    forget.forget(rt, a, memory_id=ids[1], request_id="f1")
+    raw = database_bytes(rt)
+    assert len(raw) > 10_000
+    calls = [_store_args(text) for text in secrets_]
+    calls.append(json.dumps({"memory_id": ids[1]}, separators=(",", ":")))
+    for data in [t.encode() for t in secrets_] + [c.encode() for c in calls]:
+        found = [h for h in _unkeyed(data) if h in raw]
+        assert not found, f"an unkeyed hash of {data[:30]!r} is in the database"

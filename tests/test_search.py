@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -18,9 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 from sqlalchemy import func, select, update
-from sqlalchemy.engine import make_url
 
-from tests.helpers import account, land_all
+from tests.helpers import account, database_bytes, land_all
 from walkeep.clock import ManualClock
 from walkeep.db import Database
 from walkeep.db.models import Embedding, IndexState
@@ -169,40 +166,13 @@ def test_namespaces_scope_ranking_and_statistics(rt: Runtime) -> None:
 DISTINCTIVE = ["Quetzalcoatlus", "Brontosaurix", "zyxwvutsrq", "Pterodactylomancy"]
 
 
-def _database_bytes(rt: Runtime) -> bytes:
-    url = make_url(rt.db.url)
-    if url.get_backend_name() == "sqlite":
-        rt.db.dispose()
-        path = Path(url.database or "")
-        return b"".join(p.read_bytes() for p in path.parent.glob(path.name + "*"))
-    assert shutil.which("pg_dump"), "pg_dump is needed to inspect the PostgreSQL database"
-    env = {**os.environ, "PGPASSWORD": url.password or ""}
-    out = subprocess.run(
-        [
-            "pg_dump",
-            "--data-only",
-            "-h",
-            url.host or "127.0.0.1",
-            "-p",
-            str(url.port or 5432),
-            "-U",
-            url.username or "postgres",
-            url.database or "",
-        ],
-        check=True,
-        capture_output=True,
-        env=env,
-    )
-    return out.stdout
-
-
 def test_no_readable_word_of_a_memory_is_in_the_database(rt: Runtime) -> None:
     acct = account(rt)
     texts = [f"{w} was seen near the {w.lower()}-lake on 3 May 2026" for w in DISTINCTIVE]
     _store(rt, acct, texts)
     for w, text in zip(DISTINCTIVE, texts, strict=True):
         assert _recall(rt, acct, w, 1) == [text]  # found by its word ...
-    raw = _database_bytes(rt).lower()
+    raw = database_bytes(rt).lower()
     assert len(raw) > 10_000
     for w in DISTINCTIVE:
         forms = {w.lower(), termlib.terms(w)[0], w.lower()[:8]}
@@ -648,7 +618,6 @@ def test_a_crash_between_index_rows_and_the_memory_leaves_nothing_half_visible(
 def test_usearch_is_imported_so_that_onnxruntime_can_load_after_it() -> None:
     """Imported after usearch, onnxruntime crashed the process (a segmentation fault):
     a segment opened or merged before the embedder's first use would have killed it."""
-    import subprocess
     import sys
 
     code = (
