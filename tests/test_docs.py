@@ -285,7 +285,7 @@ def test_no_page_names_a_work_period() -> None:
         ("this sessi" + "on's machine", True),
         ("English stop words are dropped", False),
         ("SIGTERM: this stops the server", False),
-        ("the next stop renews it", False),
+        ("renewals stop at the next epoch", False),
         ("the console session ends", False),
         ("a 10 s deadline; stop 5 s later", False),
     ],

@@ -15,8 +15,9 @@ from __future__ import annotations
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
+from typing import Any, TypeVar
 
-from sqlalchemy import func, select
+from sqlalchemy import Select, func, select
 
 from walkeep import lifecycle
 from walkeep.backends.base import SearchHit
@@ -172,19 +173,13 @@ def _newest_memories(
     """
     if not blob_ids:
         return {}
-    q = (
-        select(Memory.blob_id, Memory.id, Memory.namespace, Memory.metadata_)
-        .join(Blob, Blob.id == Memory.blob_pk)
-        .where(
-            Memory.account_id == account_id,
-            Memory.status.in_(list(VISIBLE)),
-            Memory.blob_id.in_(blob_ids),
-            Blob.end_epoch > current,
-        )
-        .order_by(func.coalesce(Memory.stored_at, Memory.accepted_at).desc(), Memory.id.desc())
-    )
-    if namespace is not None:
-        q = q.where(Memory.namespace == namespace)
+    q = _in_scope(
+        select(Memory.blob_id, Memory.id, Memory.namespace, Memory.metadata_),
+        account_id,
+        namespace,
+        blob_ids,
+        current,
+    ).order_by(func.coalesce(Memory.stored_at, Memory.accepted_at).desc(), Memory.id.desc())
     newest: dict[str, tuple[str, str, dict[str, str]]] = {}
     with rt.db.read() as s:
         for blob_id, memory_id, ns, metadata in s.execute(q):
@@ -200,22 +195,33 @@ def _visible(
     rt: Runtime, account_id: str, namespace: str | None, blob_ids: list[str], current: int
 ) -> dict[str | None, tuple[datetime, int]]:
     """Of ``blob_ids``, those holding a visible memory in scope: (stored_at, end_epoch)."""
-    q = (
+    q = _in_scope(
         select(
             Memory.blob_id,
             func.min(func.coalesce(Memory.stored_at, Memory.accepted_at)),
             func.max(Blob.end_epoch),
-        )
-        .join(Blob, Blob.id == Memory.blob_pk)
-        .where(
-            Memory.account_id == account_id,
-            Memory.status.in_(list(VISIBLE)),
-            Memory.blob_id.in_(blob_ids),
-            Blob.end_epoch > current,
-        )
-        .group_by(Memory.blob_id)
-    )
-    if namespace is not None:
-        q = q.where(Memory.namespace == namespace)
+        ),
+        account_id,
+        namespace,
+        blob_ids,
+        current,
+    ).group_by(Memory.blob_id)
     with rt.db.read() as s:
         return {row[0]: (row[1], row[2]) for row in s.execute(q)}
+
+
+_Q = TypeVar("_Q", bound=Select[*tuple[Any, ...]])
+
+
+def _in_scope(
+    q: _Q, account_id: str, namespace: str | None, blob_ids: list[str], current: int
+) -> _Q:
+    """``q`` over the visible memories of ``blob_ids`` in this account and scope, on blobs
+    still paid for: what recall may show (invariants 6 and 7)."""
+    q = q.join(Blob, Blob.id == Memory.blob_pk).where(
+        Memory.account_id == account_id,
+        Memory.status.in_(list(VISIBLE)),
+        Memory.blob_id.in_(blob_ids),
+        Blob.end_epoch > current,
+    )
+    return q.where(Memory.namespace == namespace) if namespace is not None else q
