@@ -231,9 +231,13 @@ def build_runtime(
         chain = SuiChain(settings, clock=clock)
 
     # --- relayer --------------------------------------------------------------------
+    from walkeep.crypto import load_master_key
+
+    # Read once: it wraps the data keys (self-run relayer) and keys every digest (all).
+    master_key = load_master_key(settings)
     if settings.relayer in ("local", "walrus"):
         from walkeep.backends.self_relayer import SelfRelayer
-        from walkeep.crypto import Keyring, load_master_key
+        from walkeep.crypto import Keyring
         from walkeep.index.embedder import MiniLMEmbedder, load_embedder
         from walkeep.index.search import SearchIndex
 
@@ -253,7 +257,7 @@ def build_runtime(
         if isinstance(embedder, MiniLMEmbedder):  # the only one worth pausing
             embedder.between_batches = pressure.step_aside
         extras["embedder"] = embedder
-        keyring = Keyring(db, load_master_key(settings))
+        keyring = Keyring(db, master_key)
         relayer = SelfRelayer(
             db,
             clock,
@@ -309,7 +313,7 @@ def build_runtime(
     )
     from walkeep.service import digests
 
-    digests.prime(rt)  # every store digests its content and arguments under it
+    digests.prime(rt, master_key)  # every store digests its content and arguments under it
     if with_completer:
         from walkeep.service.jobs.completion import Completer
 

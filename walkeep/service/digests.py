@@ -33,11 +33,13 @@ _EXTRA = "digest_keys"
 _lock = threading.Lock()
 
 
-def prime(rt: Runtime) -> None:
-    """Load the master key now (bootstrap calls this), so that no store has to: reading it
-    is a wait, and a store that may run on the event loop would go to a thread instead."""
+def prime(rt: Runtime, master_key: bytes | None = None) -> None:
+    """Hold the master key from now on (bootstrap passes the one it read), so that no store
+    has to read it: that is a wait, and a store that may run on the event loop would go
+    to a thread instead."""
     with _lock:
-        rt.extras.setdefault(_EXTRA, {"": load_master_key(rt.settings)})
+        if _EXTRA not in rt.extras:
+            rt.extras[_EXTRA] = {"": master_key or load_master_key(rt.settings)}
 
 
 def _key(rt: Runtime, account_id: str) -> bytes:
