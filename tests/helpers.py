@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import shutil
@@ -9,8 +10,10 @@ import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from sqlalchemy.engine import make_url
 
+from walkeep import crypto
 from walkeep.service.jobs import completion
 from walkeep.service.operators import accounts
 from walkeep.service.runtime import Runtime
@@ -120,3 +123,9 @@ def database_bytes(rt: Runtime) -> bytes:
         env=env,
     )
     return out.stdout
+
+
+@functools.cache
+def vector_cipher(account_id: str) -> AESGCM:
+    """A fixed-key vector cipher for search indexes built by hand in tests."""
+    return crypto.vector_cipher(b"\x07" * 32, account_id)

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from sqlalchemy import func, insert, select
 
+from tests.helpers import vector_cipher
 from walkeep.clock import ManualClock
 from walkeep.config import Settings
 from walkeep.db import Database
@@ -47,6 +48,7 @@ def make_index(db: Database, embedder: Embedder, **kw: Any) -> SearchIndex:
         db,
         embedder,
         lambda account_id: hashlib.sha256(account_id.encode()).digest(),
+        vector_cipher,
         root=Path(tempfile.mkdtemp(prefix="wk-index-")),
         background=False,
         **kw,

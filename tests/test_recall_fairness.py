@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from test_mcp_e2e import Server, call_ok, mcp_client, sc
 
+from tests.helpers import vector_cipher
 from walkeep.db import Database
 from walkeep.errors import RateLimited
 from walkeep.index import ranking as rk
@@ -62,6 +63,7 @@ def test_a_4096_character_query_scores_at_most_the_cap_dropping_the_most_common(
         db,
         HashEmbedder(),
         lambda a: hashlib.sha256(a.encode()).digest(),
+        vector_cipher,
         root=tmp_path,
         ranking="lexical",
         background=False,
@@ -95,6 +97,7 @@ def test_a_short_query_is_scored_whole(db: Database, tmp_path: Path) -> None:
         db,
         HashEmbedder(),
         lambda a: hashlib.sha256(a.encode()).digest(),
+        vector_cipher,
         root=tmp_path,
         ranking="lexical",
         background=False,

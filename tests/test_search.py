@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from sqlalchemy import func, select, update
 
-from tests.helpers import account, database_bytes, land_all
+from tests.helpers import account, database_bytes, land_all, vector_cipher
 from walkeep.clock import ManualClock
 from walkeep.db import Database
 from walkeep.db.models import Embedding, IndexState
@@ -190,6 +190,7 @@ def _index(db: Database, root: Path, **kw: Any) -> SearchIndex:
         db,
         HashEmbedder(),
         lambda a: hashlib.sha256(a.encode()).digest(),
+        vector_cipher,
         root=root,
         background=False,
         **kw,
@@ -572,6 +573,7 @@ def test_sqlite_and_postgresql_rank_the_same(
             database,
             HashEmbedder(),
             lambda _a: b"k" * 32,
+            vector_cipher,
             root=tmp_path / str(i),
             background=False,
         )

@@ -267,6 +267,7 @@ def build_runtime(
                 db,
                 embedder,
                 keyring.terms_key,
+                keyring.vector_cipher,
                 root=settings.data_dir / "index",
                 ranking=settings.recall_ranking,
                 cache_bytes=settings.index_cache_mb * 2**20,

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.ciphers.aead import AESSIV
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM, AESSIV
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.keywrap import (
     InvalidUnwrap,
@@ -254,6 +254,78 @@ def keyed_digest(key: bytes, label: bytes, sha256: bytes) -> str:
     return KEYED_DIGEST_PREFIX + mac[:63]
 
 
+_SEAL_INFO = b"walkeep/v1/aes-siv-512/fields\x00"
+_VECTOR_INFO = b"walkeep/v1/aes-gcm-256/vectors\x00"
+# A sealed field is this prefix and URL-safe base64 (no padding) of AES-SIV's output.
+SEALED_FIELD_PREFIX = "s1:"
+VECTOR_NONCE_BYTES = 12
+VECTOR_OVERHEAD = VECTOR_NONCE_BYTES + 16  # nonce + GCM tag
+
+
+def keyed_token(key: bytes, label: bytes, data: bytes) -> str:
+    """A short keyed digest (``k`` and 31 hex digits, 124 bits) for values that are matched
+    on every query and indexed (namespaces): equal inside one account, unrelated across
+    accounts, and no guess confirmable without the key."""
+    mac = hmac.new(key, label + b"\x00" + data, hashlib.sha256).hexdigest()
+    return KEYED_DIGEST_PREFIX + mac[:31]
+
+
+def field_cipher(master_key: bytes, account_id: str) -> AESSIV:
+    """The account's cipher for small fields kept in the database (metadata, namespace
+    names). Derived from the master key and the account id, like :func:`digest_key`: a
+    store seals them before any data key is loaded."""
+    info = _SEAL_INFO + account_id.encode("utf-8")
+    key = HKDF(algorithm=hashes.SHA256(), length=64, salt=None, info=info).derive(master_key)
+    return AESSIV(key)
+
+
+def seal_field(cipher: AESSIV, data: bytes, *, context: bytes) -> str:
+    """``data`` sealed (AES-SIV, bound to ``context``), as text for a string or JSON column.
+
+    Deterministic, like content: equal values of one account seal alike (they are
+    linkable inside the account, as equal content is); nothing else is revealed."""
+    sealed = cipher.encrypt(data, [context])
+    return SEALED_FIELD_PREFIX + base64.urlsafe_b64encode(sealed).decode().rstrip("=")
+
+
+def open_field(cipher: AESSIV, stored: str, *, context: bytes) -> bytes:
+    raw = stored[len(SEALED_FIELD_PREFIX) :]
+    try:
+        data = base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4))
+        return cipher.decrypt(data, [context])
+    except (InvalidTag, ValueError, binascii.Error) as exc:
+        raise DecryptionError(
+            "a sealed field does not open with this master key (was WALKEEP_MASTER_KEY "
+            "changed, or is it different in this process?)"
+        ) from exc
+
+
+def vector_cipher(master_key: bytes, account_id: str) -> AESGCM:
+    """The account's cipher for index vectors at rest (``embeddings.vector``).
+
+    A plain vector confirms a guess: embed the guessed text with the public model and
+    compare. Sealed with AES-GCM under a fresh nonce per row, a copy of the database holds
+    nothing to compare with, and no two rows (a namespace's copy of a blob's rows) match.
+    Only the index builder opens them; the index files it writes are the documented
+    exception (docs/security.md)."""
+    info = _VECTOR_INFO + account_id.encode("utf-8")
+    key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(master_key)
+    return AESGCM(key)
+
+
+def seal_vector(cipher: AESGCM, data: bytes, account_id: str) -> bytes:
+    nonce = secrets.token_bytes(VECTOR_NONCE_BYTES)
+    return nonce + cipher.encrypt(nonce, data, account_id.encode("utf-8"))
+
+
+def open_vector(cipher: AESGCM, stored: bytes, account_id: str) -> bytes:
+    nonce, body = stored[:VECTOR_NONCE_BYTES], stored[VECTOR_NONCE_BYTES:]
+    try:
+        return cipher.decrypt(nonce, body, account_id.encode("utf-8"))
+    except InvalidTag as exc:
+        raise DecryptionError("an index vector does not open with this master key") from exc
+
+
 # --- per-account data keys -----------------------------------------------------------
 
 
@@ -294,6 +366,7 @@ class Keyring:
         self.master_key_id = master_key_id(master_key)
         self._ciphers: dict[str, AESSIV] = {}
         self._terms_keys: dict[str, bytes] = {}
+        self._vector_ciphers: dict[str, AESGCM] = {}
         self._lock = threading.Lock()
         self._account_locks: dict[str, threading.Lock] = {}
 
@@ -338,6 +411,14 @@ class Keyring:
             with self._lock:
                 key = self._terms_keys.get(account_id)
         return key
+
+    def vector_cipher(self, account_id: str) -> AESGCM:
+        """The account's cipher for index vectors at rest (:func:`vector_cipher`)."""
+        with self._lock:
+            cipher = self._vector_ciphers.get(account_id)
+            if cipher is None:
+                cipher = self._vector_ciphers[account_id] = vector_cipher(self._master, account_id)
+            return cipher
 
     def forget_cache(self) -> None:
         """Drop unwrapped keys from memory (they are re-read on next use)."""

@@ -25,10 +25,12 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from sqlalchemy import func, insert, select
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
 
+from walkeep import crypto
 from walkeep.db import Database
 from walkeep.db.models import Account, Embedding, IndexState
 from walkeep.errors import NotFound
@@ -143,10 +145,12 @@ class IndexRows:
         db: Database,
         embedder: Embedder,
         terms_key: Callable[[str], bytes | None],
+        vector_cipher: Callable[[str], AESGCM],
     ) -> None:
         self._db = db
         self.embedder = embedder
         self.terms_key = terms_key
+        self.vector_cipher = vector_cipher
 
     @property
     def model_id(self) -> str:
@@ -164,6 +168,17 @@ class IndexRows:
             # Content is encrypted before it is indexed, so its key exists.
             raise NotFound("unknown account", {"account_id": account_id})
         return key
+
+    def _seal(self, account_id: str, vector: bytes) -> bytes:
+        return crypto.seal_vector(self.vector_cipher(account_id), vector, account_id)
+
+    def _open(self, account_id: str, stored: bytes) -> bytes:
+        """A row's float32 bytes: sealed rows are opened; a row written before vectors were
+        sealed (exactly ``4 * dim`` bytes) is read as it is until :meth:`seal_plain`
+        rewrites it."""
+        if len(stored) == 4 * self.embedder.dim:
+            return stored
+        return crypto.open_vector(self.vector_cipher(account_id), stored, account_id)
 
     def _packed_terms(self, account_id: str, chunks: Sequence[str]) -> list[bytes]:
         key = self._key(account_id)
@@ -184,7 +199,11 @@ class IndexRows:
         pairs: list[tuple[bytes, bytes | None]]
         if copies:
             # Same blob_id in this account ⇒ same plaintext: reuse a copy's rows.
-            pairs = self._copy_rows(account_id, blob_id, min(copies))
+            # Opened and sealed again: a fresh nonce, so no two rows share bytes.
+            pairs = [
+                (self._seal(account_id, self._open(account_id, v)), t)
+                for v, t in self._copy_rows(account_id, blob_id, min(copies))
+            ]
             if any(t is None for _, t in pairs):
                 chunks = self.chunk(text)
                 pairs = [
@@ -198,9 +217,10 @@ class IndexRows:
             if not chunks:
                 return 0
             packed = self._packed_terms(account_id, chunks)
-            pairs = list(
-                zip((encode_vector(v) for v in self.embedder.embed(chunks)), packed, strict=True)
+            vectors = (
+                self._seal(account_id, encode_vector(v)) for v in self.embedder.embed(chunks)
             )
+            pairs = list(zip(vectors, packed, strict=True))
         for _ in range(_ADD_ATTEMPTS):
             try:
                 with self._db.begin() as s:
@@ -312,7 +332,7 @@ class IndexRows:
                         "chunk": i,
                         "model": model,
                         "dim": dim,
-                        "vector": vectors[pos],
+                        "vector": self._seal(account_id, vectors[pos]),
                         "terms": packed[i],
                         "created_at": now,
                     }
@@ -368,6 +388,27 @@ class IndexRows:
             conds.append(Embedding.namespace == namespace)
         with self._db.read() as s:
             return s.scalar(select(Embedding.id).where(*conds).limit(1)) is not None
+
+    def seal_plain(self, *, limit: int = 1000) -> int:
+        """Seal up to ``limit`` vectors stored in clear (before vectors were sealed); how many.
+
+        The values do not change, so no index built from them goes stale: no generation
+        bump. Run by the worker's ``reindex`` job until none are left."""
+        plain = func.length(Embedding.vector) == 4 * Embedding.dim
+        with self._db.begin() as s:
+            rows = s.execute(
+                select(Embedding.id, Embedding.account_id, Embedding.vector)
+                .where(plain)
+                .order_by(Embedding.id)
+                .limit(limit)
+            ).all()
+            for row_id, account_id, vec in rows:
+                s.execute(
+                    update(Embedding)
+                    .where(Embedding.id == row_id)
+                    .values(vector=self._seal(account_id, bytes(vec)))
+                )
+        return len(rows)
 
     # -- reading -------------------------------------------------------------------
 
@@ -460,6 +501,9 @@ class IndexRows:
                     out_ids.append(row_id)
                     out_blobs.append(blob_id)
                     out_ns.append(namespace)
+                    vec = bytes(vec)
+                    if len(vec) == 4 * dim + crypto.VECTOR_OVERHEAD:
+                        vec = self._open(account_id, vec)
                     if row_dim != dim or len(vec) != 4 * dim:
                         # Same model id, other dimension: corrupt or misconfigured. Keep
                         # the row (as a zero vector that never ranks) so counts align.

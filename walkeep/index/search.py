@@ -56,6 +56,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from sqlalchemy import exists, select
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -92,6 +93,7 @@ class SearchIndex:
         db: Database,
         embedder: Embedder,
         terms_key: Callable[[str], bytes | None],
+        vector_cipher: Callable[[str], AESGCM],
         *,
         root: Path,
         ranking: rk.Ranking = "hybrid",
@@ -104,7 +106,7 @@ class SearchIndex:
         background: bool = True,
     ) -> None:
         self._db = db
-        self.rows = IndexRows(db, embedder, terms_key)
+        self.rows = IndexRows(db, embedder, terms_key, vector_cipher)
         self.terms_key = terms_key
         self.root = root
         seglib.private_dir(root)  # also tightens a directory an older version left 0755

@@ -13,7 +13,9 @@ keeps answering throughout:
 2. **bare digests** — content hashes and request fingerprints stored as bare SHA-256
    before they were keyed are rewritten keyed (``walkeep/service/digests.py``), a batch
    per run, whatever the relayer.
-3. **memories without rows** (``rebuild`` only) — a visible memory whose blob has
+3. **vectors in clear** — index vectors written before they were sealed are sealed in
+   place (``IndexRows.seal_plain``), a batch per run; their values don't change.
+4. **memories without rows** (``rebuild`` only) — a visible memory whose blob has
    no row of the active model (a model switch, rows lost) is embedded again.
 
 Rows rewritten in place bump the account's index generation, so every process
@@ -54,6 +56,8 @@ class ReindexReport:
     segments_written: int = 0
     # Content hashes and request fingerprints stored bare before they were keyed, rewritten.
     digests_rekeyed: int = 0
+    # Index vectors stored in clear before they were sealed, sealed.
+    vectors_sealed: int = 0
 
 
 def search_index(rt: Runtime) -> SearchIndex:
@@ -83,6 +87,10 @@ def backfill(rt: Runtime, *, max_rows: int = 5_000) -> ReindexReport:
     index = getattr(rt.relayer, "index", None)
     if not isinstance(index, SearchIndex):
         return report  # a relayer that ranks remotely
+    if not rt.extras.get("vectors_sealed"):
+        report.vectors_sealed = index.rows.seal_plain(limit=max_rows)
+        # New rows are always sealed: once a pass finds none, stop looking.
+        rt.extras["vectors_sealed"] = report.vectors_sealed == 0
     with rt.db.read() as s:
         accounts = list(
             s.scalars(
