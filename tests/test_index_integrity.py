@@ -27,6 +27,7 @@ from walkeep.clock import ManualClock
 from walkeep.index import integrity
 from walkeep.index import segment as seglib
 from walkeep.index.search import SearchIndex
+from walkeep.service import sealed
 from walkeep.service.runtime import Runtime
 from walkeep.service.tools import forget, recall, store
 
@@ -449,7 +450,8 @@ def test_an_empty_answer_that_survives_the_recheck_rebuilds_the_segment(
     seg = shard.segment
     assert seg is not None
     with shard.lock:
-        seg.row_ns = np.full(seg.n, shard.ns_codes["work"], dtype=np.int32)
+        work = sealed.namespace_token(dep.rt, dep.acct, "work")
+        seg.row_ns = np.full(seg.n, shard.ns_codes[work], dtype=np.int32)
         shard._cache.clear()
         shard._seg_cache.clear()
     before = _rebuilds("contradicted")

@@ -30,6 +30,7 @@ from walkeep.index.embedder import HashEmbedder
 from walkeep.lifecycle import MemoryStatus
 from walkeep.protocol.quilt import quilt_storage_size
 from walkeep.protocol.walrus import encoded_blob_length, storage_units
+from walkeep.service import digests
 from walkeep.service.jobs import renew, sweep
 from walkeep.service.operators import verify
 from walkeep.service.runtime import Runtime
@@ -281,8 +282,9 @@ def _migrate_again(rt: Runtime) -> None:
     (mine,) = [r for r in script.walk_revisions() if r.path.endswith("_exact_quilt_shares.py")]
     assert isinstance(mine.down_revision, str)
     rt.db.engine.dispose()  # no pooled connection keeps a plan of the old columns
-    migrations.downgrade(rt.settings.db_url, mine.down_revision)
-    migrations.upgrade(rt.settings.db_url)
+    key = digests.master_key(rt)  # 0022 opens and seals namespaces and metadata with it
+    migrations.downgrade(rt.settings.db_url, mine.down_revision, master_key=key)
+    migrations.upgrade(rt.settings.db_url, master_key=key)
     rt.db.engine.dispose()
 
 

@@ -12,6 +12,7 @@ from walkeep.backends.base import SearchHit
 from walkeep.db.models import Memory
 from walkeep.errors import NotFound, ValidationError
 from walkeep.protocol.quilt import is_patch_id
+from walkeep.service import sealed
 from walkeep.service.runtime import Runtime
 from walkeep.service.tools import balance, export, forget, recall, runway, store
 
@@ -264,7 +265,7 @@ def test_recall_checks_visibility_off_an_index_alone(
 
     event.listen(rt.db.engine, "before_cursor_execute", seen)
     try:
-        for namespace in (None, "birds"):
+        for namespace in (None, sealed.namespace_token(rt, a, "birds")):
             got = recall._visible(rt, a, namespace, blobs, rt.chain.current_epoch())
             assert set(got) == set(blobs)
     finally:

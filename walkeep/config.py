@@ -146,6 +146,13 @@ class Settings(BaseSettings):
     complete_writes_interval_seconds: float = Field(default=30, gt=0)
     renew_interval_seconds: float = Field(default=60, gt=0)
     sweep_interval_seconds: float = Field(default=600, gt=0)
+    purge_within_hours: int = Field(
+        default=24,
+        ge=1,
+        description="A forgotten, lapsed or failed memory's derived data (hash, metadata, "
+        "index rows) leaves the database and every index file within this many hours "
+        "(walkeep/service/jobs/purge.py).",
+    )
     reconcile_payments_interval_seconds: float = Field(default=120, gt=0)
     reconcile_renewals_interval_seconds: float = Field(default=60, gt=0)
     reindex_interval_seconds: float = Field(

@@ -91,6 +91,7 @@ credits_app.command("grant")(accounts.credits_grant)
 
 app.add_typer(index_app, name="index")
 index_app.command("rebuild")(index.index_rebuild)
+index_app.command("purge")(index.index_purge)
 
 app.add_typer(alerts_app, name="alerts")
 alerts_app.command("set")(alerts.alerts_set)

@@ -1,4 +1,4 @@
-"""``walkeep index rebuild``: recall's index is derived data, rebuilt from the database."""
+"""``walkeep index rebuild`` and ``purge``: recall's index is derived data, rebuilt from the database."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import typer
 
 if TYPE_CHECKING:
     pass
-from walkeep.cli._common import JSON_HELP, _emit, _runtime
+from walkeep.cli._common import JSON_HELP, _emit, _resolve_account, _runtime
 
 
 def index_rebuild(
@@ -49,4 +49,26 @@ def index_rebuild(
         f"{report.accounts} account(s): {report.rows_backfilled} rows got word hashes, "
         f"{report.memories_indexed} memories indexed, {report.segments_written} index files "
         f"written" + (f", {report.unreadable} unreadable (lapsed)" if report.unreadable else ""),
+    )
+
+
+def index_purge(
+    account: Annotated[str, typer.Option("--account", help="Account id or name.")],
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+) -> None:
+    """Purge, now, what the account's forgotten, lapsed and failed memories left behind.
+
+    Their content hashes, metadata and index rows leave the database, and this host's
+    index files are written anew without them (other hosts rebuild on their next query).
+    The sweep does the same within WALKEEP_PURGE_WITHIN_HOURS. Safe beside a running server."""
+    from walkeep.service.jobs import purge
+
+    rt = _runtime()
+    account_id = _resolve_account(rt.db, account)
+    report = purge.purge(rt, [account_id])
+    _emit(
+        dataclasses.asdict(report),
+        as_json,
+        f"{report.memories} departed memories purged ({report.index_rows} index rows), "
+        f"{report.segments_written} index files written",
     )

@@ -60,3 +60,17 @@ class WalCheckpointer:
                 self.checkpoint()
             except Exception as exc:  # a locked or vanished file: the backstop still holds
                 log.warning("WAL checkpoint failed (SQLite's own will run instead): %s", exc)
+
+
+def truncate(db: Database) -> bool:
+    """Copy the whole log into the database file and cut the log to zero bytes; whether it
+    did (False: a reader kept it busy past the busy timeout; the next one will).
+
+    After a purge (walkeep/service/jobs/purge.py): ``secure_delete`` zeroes deleted rows in
+    the database file, but the log still holds the pages as they were until it is cut."""
+    conn = db.engine.raw_connection()
+    try:
+        row = conn.cursor().execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+    finally:
+        conn.close()
+    return int(row[0]) == 0

@@ -751,8 +751,8 @@ def rowcount(result: Any) -> int:
 def insert_if_absent(
     session: Session, table: Table, row: Mapping[str, Any], key: Sequence[str]
 ) -> Any | None:
-    """``INSERT … ON CONFLICT (key) DO NOTHING RETURNING`` the primary key: the new row's
-    id, or None when a row with that key exists (or is being inserted by a transaction
+    """``INSERT … ON CONFLICT (key) DO NOTHING RETURNING`` the primary key (its first
+    column, for a composite one): the new row's id, or None when a row with that key exists (or is being inserted by a transaction
     that then commits).
 
     Why: between processes, a check-then-insert fails the whole transaction with a
@@ -765,7 +765,7 @@ def insert_if_absent(
 
     pg = session.get_bind().dialect.name == "postgresql"
     stmt = (pg_insert if pg else sqlite_insert)(table).values(**row)
-    (pk,) = table.primary_key.columns
+    pk = next(iter(table.primary_key.columns))  # the first column of a composite key
     ignoring = stmt.on_conflict_do_nothing(index_elements=list(key)).returning(pk)
     return session.execute(ignoring).scalar_one_or_none()
 

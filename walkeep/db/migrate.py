@@ -40,12 +40,20 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
-def upgrade(url: str, revision: str = "head") -> None:
-    command.upgrade(alembic_config(url), revision)
+def upgrade(url: str, revision: str = "head", *, master_key: bytes | None = None) -> None:
+    """``master_key``: for migrations that seal what an earlier version stored in clear
+    (0022); without it they read the configured one."""
+    cfg = alembic_config(url)
+    if master_key is not None:
+        cfg.attributes["master_key"] = master_key
+    command.upgrade(cfg, revision)
 
 
-def downgrade(url: str, revision: str = "base") -> None:
-    command.downgrade(alembic_config(url), revision)
+def downgrade(url: str, revision: str = "base", *, master_key: bytes | None = None) -> None:
+    cfg = alembic_config(url)
+    if master_key is not None:
+        cfg.attributes["master_key"] = master_key
+    command.downgrade(cfg, revision)
 
 
 def current_heads(url: str) -> set[str]:

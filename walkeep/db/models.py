@@ -489,6 +489,18 @@ class IndexState(Base):
     updated_at: Mapped[datetime]
 
 
+class NamespaceName(Base):
+    """A namespace's name, sealed, for the token it is stored and matched as
+    (walkeep/service/sealed.py): the tools show names, the database holds tokens."""
+
+    __tablename__ = "namespace_names"
+
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), primary_key=True)
+    token: Mapped[str] = mapped_column(String(32), primary_key=True)
+    sealed: Mapped[str] = mapped_column(String(512))
+    created_at: Mapped[datetime]
+
+
 class DataKey(Base):
     """An account's data-encryption key, wrapped (AES-KW) by the master key."""
 

@@ -21,7 +21,13 @@ import threading
 from sqlalchemy import select, update
 
 from walkeep import nowait
-from walkeep.crypto import KEYED_DIGEST_PREFIX, digest_key, keyed_digest, load_master_key
+from walkeep.crypto import (
+    KEYED_DIGEST_PREFIX,
+    digest_key,
+    keyed_digest,
+    keyed_token,
+    load_master_key,
+)
 from walkeep.db.models import Memory, Request
 from walkeep.service.runtime import Runtime
 
@@ -55,6 +61,17 @@ def _key(rt: Runtime, account_id: str) -> bytes:
         key = keys[account_id] = digest_key(keys[""], account_id)
     assert isinstance(key, bytes)
     return key
+
+
+def master_key(rt: Runtime) -> bytes:
+    """The master key this runtime holds (for keys derived from it per account)."""
+    return _key(rt, "")  # the "" entry is the master key itself (see ``prime``)
+
+
+def token(rt: Runtime, account_id: str, label: bytes, data: bytes) -> str:
+    """A short keyed digest of ``data`` (``crypto.keyed_token``), for values matched and
+    indexed on every query: namespaces."""
+    return keyed_token(_key(rt, account_id), label, data)
 
 
 def bare(data: bytes) -> bytes:

@@ -13,6 +13,7 @@
 3. **Stale holds**: holds older than any legitimate operation, with nothing in
    flight behind them, are released so credits never stay locked by a lost worker.
 4. **Old sign-in counts**: console sign-in attempts of windows an hour past.
+5. **Departed memories' derived data**: purged once due (``purge.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from walkeep.db import insert_if_absent, rowcount
 from walkeep.db.models import Blob, LedgerEntry, Memory, Renewal, SignInAttempts, table
 from walkeep.lifecycle import BlobStatus, MemoryStatus
 from walkeep.service import alerts
+from walkeep.service.jobs import purge
 from walkeep.service.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,7 @@ class SweepReport:
     stale_holds_released: int = 0
     stale_hold_refs: list[str] = field(default_factory=list)
     sign_in_rows_pruned: int = 0
+    purged_memories: int = 0
 
 
 def sweep(rt: Runtime) -> SweepReport:
@@ -166,6 +169,9 @@ def sweep(rt: Runtime) -> SweepReport:
         report.sign_in_rows_pruned = rowcount(
             s.execute(delete(SignInAttempts).where(SignInAttempts.bucket.in_(old)))
         )
+
+    # 5. Departed memories' derived data, once due (walkeep/service/jobs/purge.py).
+    report.purged_memories = purge.due(rt).memories
     return report
 
 

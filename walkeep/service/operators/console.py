@@ -43,6 +43,7 @@ from walkeep.db.models import (
 )
 from walkeep.errors import NotFound, Unauthorized, ValidationError
 from walkeep.lifecycle import LISTED, BlobStatus, MemoryStatus
+from walkeep.service import sealed
 from walkeep.service.renewal_price import renewal_burn_mc_per_epoch
 from walkeep.service.runtime import Runtime
 from walkeep.service.tools.balance import check_balance
@@ -360,6 +361,7 @@ def account_view(rt: Runtime, account_id: str, *, page: int = 1) -> AccountView:
     projection = _projection(now, available, burn, min_runway or 0, epoch)
 
     memories = []
+    names = sealed.namespace_names(rt, account_id, {m.namespace for m, _, _ in mem_rows})
     for m, b, renewed_at in mem_rows:
         status = m.status
         if (
@@ -371,7 +373,7 @@ def account_view(rt: Runtime, account_id: str, *, page: int = 1) -> AccountView:
         memories.append(
             MemoryRow(
                 memory_id=m.id,
-                namespace=m.namespace,
+                namespace=names[m.namespace],
                 size_bytes=m.size_bytes,
                 status=status,
                 end_epoch=b.end_epoch if b else None,

@@ -32,6 +32,7 @@ from sqlalchemy import and_, or_, select
 from walkeep.db.models import Blob, Memory
 from walkeep.errors import ValidationError
 from walkeep.lifecycle import VISIBLE
+from walkeep.service import sealed
 from walkeep.service.namespaces import validate_namespace
 from walkeep.service.runtime import Runtime
 from walkeep.service.tools.schemas import ExportMemory, ExportResult, OwnershipProof
@@ -106,7 +107,8 @@ def export(
     limit: int | None = None,
 ) -> ExportResult:
     if namespace is not None:
-        namespace = validate_namespace(namespace)
+        # Matched as its token (walkeep/service/sealed.py).
+        namespace = sealed.namespace_token(rt, account_id, validate_namespace(namespace))
     page_size = rt.settings.export_page_size if limit is None else limit
     if (
         isinstance(page_size, bool)
@@ -168,16 +170,17 @@ def export(
         )
         if listed is not None:
             contents = {item.blob_id: item.content for item in listed}
+    names = sealed.namespace_names(rt, account_id, {m.namespace for m, _ in page})
     memories = [
         ExportMemory(
             memory_id=m.id,
             content=contents.get(m.blob_id or b.blob_id) if contents is not None else None,
-            namespace=m.namespace,
+            namespace=names[m.namespace],
             blob_id=m.blob_id or b.blob_id,
             blob_object_id=b.blob_object_id,
             quilt_id=b.blob_id if b.kind == "quilt" else None,
             stored_at=m.stored_at or m.accepted_at,
-            metadata=m.metadata_ or {},
+            metadata=sealed.open_metadata(rt, account_id, m.metadata_),
         )
         for m, b in page
     ]

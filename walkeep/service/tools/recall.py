@@ -24,6 +24,7 @@ from walkeep.backends.base import SearchHit
 from walkeep.db.models import Blob, Memory
 from walkeep.errors import ValidationError
 from walkeep.lifecycle import VISIBLE
+from walkeep.service import sealed
 from walkeep.service.namespaces import validate_namespace
 from walkeep.service.runtime import Runtime
 from walkeep.service.tools.schemas import RecallHit, RecallResult
@@ -67,7 +68,8 @@ def recall(
             {"field": "min_score", "minimum": 0, "maximum": 1},
         )
     if namespace is not None:
-        namespace = validate_namespace(namespace)
+        # Matched as its token (walkeep/service/sealed.py), like everything below.
+        namespace = sealed.namespace_token(rt, account_id, validate_namespace(namespace))
 
     # Over-fetch: some hits may be forgotten, lapsed or still storing; if too many
     # are, ask again for more (rare: the index already leaves out dead blobs).
@@ -180,11 +182,15 @@ def _newest_memories(
         blob_ids,
         current,
     ).order_by(func.coalesce(Memory.stored_at, Memory.accepted_at).desc(), Memory.id.desc())
-    newest: dict[str, tuple[str, str, dict[str, str]]] = {}
+    rows: dict[str, tuple[str, str, object]] = {}
     with rt.db.read() as s:
         for blob_id, memory_id, ns, metadata in s.execute(q):
-            newest.setdefault(blob_id, (memory_id, ns, dict(metadata or {})))
-    return newest
+            rows.setdefault(blob_id, (memory_id, ns, metadata))
+    names = sealed.namespace_names(rt, account_id, {ns for _, ns, _ in rows.values()})
+    return {
+        blob_id: (memory_id, names[ns], sealed.open_metadata(rt, account_id, metadata))
+        for blob_id, (memory_id, ns, metadata) in rows.items()
+    }
 
 
 # Reads a recall's first hits while their visibility is checked (see _showable).

@@ -61,7 +61,7 @@ from walkeep.errors import (
     WalkeepError,
 )
 from walkeep.lifecycle import MemoryStatus
-from walkeep.service import digests
+from walkeep.service import digests, sealed
 from walkeep.service.namespaces import validate_namespace
 from walkeep.service.pipeline import SETTLED, fail_attempt, hold_ref, job_key
 from walkeep.service.runtime import Runtime
@@ -88,7 +88,7 @@ class Claimed:
     id: str
     account_id: str
     namespace: str
-    metadata_: dict[str, str]
+    metadata_: str  # sealed (walkeep/service/sealed.py)
     size_bytes: int
     content_hash: str
     status: str
@@ -189,6 +189,32 @@ def store(
     namespace = validate_namespace(namespace)
     md = validate_metadata(rt, metadata)
     fp = idempotency.fingerprint(rt, account_id, content=content, namespace=namespace, metadata=md)
+    # The row holds the namespace's token and the metadata sealed (walkeep/service/sealed.py);
+    # the receipt names the namespace as the caller did.
+    result = _store(
+        rt,
+        account_id,
+        request_id,
+        content,
+        size,
+        fp,
+        sealed.remember_namespace(rt, account_id, namespace),
+        sealed.seal_metadata(rt, account_id, md),
+    )
+    return result.model_copy(update={"namespace": namespace})
+
+
+def _store(
+    rt: Runtime,
+    account_id: str,
+    request_id: str,
+    content: str,
+    size: int,
+    fp: idempotency.Fingerprint,
+    namespace: str,
+    md: str,
+) -> StoreResult:
+    s = rt.settings
     cost_mc = pricing.store_cost_mc(size, s.store_price_mc_per_64kib)
 
     deadline = time.monotonic() + JOIN_WAIT_SECONDS
@@ -273,7 +299,7 @@ def _claim(
     request_id: str,
     fp: idempotency.Fingerprint,
     namespace: str,
-    md: dict[str, str],
+    md: str,
     size: int,
     content: str,
     cost_mc: int,
