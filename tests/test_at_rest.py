@@ -10,18 +10,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from typer.testing import CliRunner
 
 from tests.conftest import TEST_MASTER_KEY
 from tests.helpers import account, database_bytes, land_all
 from walkeep import cli
 from walkeep.clock import ManualClock
+from walkeep.db import migrate as migrations
 from walkeep.db.models import Embedding, Memory
 from walkeep.index.rows import chunk_text, encode_vector
 from walkeep.index.segment import quantise
-from walkeep.service import sealed
-from walkeep.service.jobs import purge, sweep
+from walkeep.service import digests, sealed
+from walkeep.service.jobs import purge, reindex, sweep
 from walkeep.service.runtime import Runtime
 from walkeep.service.tools import export, forget, recall, store
 
@@ -197,3 +198,49 @@ def test_rows_shared_with_a_live_copy_stay_and_the_cli_purges_at_once(
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["index_rows"] > 0
     assert _left_behind(rt, a, second.memory_id)[2] == 0
+
+
+def _answers(rt: Runtime, a: str) -> list[list[tuple[str, str, dict[str, str]]]]:
+    queries = [("heron statue", None), ("diabetes metformin", None), ("door code", NAMESPACE)]
+    return [
+        [
+            (h.memory_id, h.namespace, h.metadata)
+            for h in recall.recall(rt, a, query=q, namespace=ns).results
+        ]
+        for q, ns in queries
+    ]
+
+
+def test_a_database_of_the_previous_schema_is_sealed_by_the_upgrade_and_ranks_alike(
+    rt: Runtime,
+) -> None:
+    """Down to 0021 (names, metadata and vectors in clear, as that release stored them) and
+    up again: the stored strings are sealed, the index is rebuilt, recall answers alike."""
+    a = account(rt)
+    for i, text in enumerate(SECRETS):
+        ns = NAMESPACE if i % 2 == 0 else "errands"
+        store.store(rt, a, content=text, request_id=f"s{i}", namespace=ns, metadata=_metadata(i))
+    land_all(rt)
+    before = _answers(rt, a)
+    assert all(before)
+    key = digests.master_key(rt)
+    rt.db.engine.dispose()
+    migrations.downgrade(rt.settings.db_url, "0021", master_key=key)
+    index = rt.relayer.index  # type: ignore[attr-defined]
+    with rt.db.begin() as s:
+        for row_id, vec in s.execute(select(Embedding.id, Embedding.vector)).all():
+            plain = index.rows._open(a, bytes(vec))
+            s.execute(update(Embedding).where(Embedding.id == row_id).values(vector=plain))
+    with rt.db.read() as s:
+        assert NAMESPACE in set(s.scalars(select(Memory.namespace)))
+    assert NAMESPACE.encode() in database_bytes(rt)
+
+    rt.db.engine.dispose()
+    migrations.upgrade(rt.settings.db_url, master_key=key)
+    rt.db.engine.dispose()
+    assert _answers(rt, a) == before
+    assert reindex.backfill(rt).vectors_sealed == sum(len(chunk_text(t)) for t in SECRETS)
+    assert _answers(rt, a) == before
+    raw = database_bytes(rt)
+    for text in [NAMESPACE, "errands", *METADATA.values()]:
+        assert text.encode() not in raw

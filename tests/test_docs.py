@@ -47,6 +47,7 @@ RUNNABLE = {
     ("statement",),
     ("console-link",),
     ("index", "rebuild"),
+    ("index", "purge"),
 }
 # Environment variables the docs may name that are not settings: the test suite's own.
 NOT_SETTINGS = {"WALKEEP_TEST_DATABASE_URL", "WALKEEP_SCREENSHOTS"}
