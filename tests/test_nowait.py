@@ -21,6 +21,7 @@ from walkeep.clock import ManualClock
 from walkeep.db import Database
 from walkeep.db.engine import SQLITE_BUSY_TIMEOUT_MS
 from walkeep.mcp.server import Caller, build_mcp
+from walkeep.service import sealed
 from walkeep.service.operators import accounts
 from walkeep.service.tools import store
 from walkeep.service.tools.ratelimit import limiter
@@ -209,6 +210,7 @@ def test_a_store_refused_this_process_lock_awaits_it_on_the_loop(
     rt = inline_rt
     acct = accounts.create_account(rt.db, "inline", credits_mc=ledger.usd_to_mc("10"))
     rt.relayer.keyring.encrypt(acct.account_id, b"")  # loaded, as after its first store
+    sealed.remember_namespace(rt, acct.account_id, "default")  # recorded, likewise
     mcp = build_mcp(lambda: rt, transport="stdio", fixed_caller=Caller(acct.account_id))
 
     async def go() -> object:
@@ -228,6 +230,7 @@ def test_a_store_refused_another_process_lock_runs_on_a_thread_once(
     rt = inline_rt
     acct = accounts.create_account(rt.db, "inline", credits_mc=ledger.usd_to_mc("10"))
     rt.relayer.keyring.encrypt(acct.account_id, b"")  # loaded, as after its first store
+    sealed.remember_namespace(rt, acct.account_id, "default")  # recorded, likewise
     mcp = build_mcp(lambda: rt, transport="stdio", fixed_caller=Caller(acct.account_id))
     assert rt.db.sqlite_path is not None
     other = sqlite3.connect(rt.db.sqlite_path, isolation_level=None, check_same_thread=False)
@@ -255,6 +258,7 @@ def test_a_postgresql_store_awaits_its_statement_on_the_loop(rt, thread_hops: li
     mcp = build_mcp(lambda: rt, transport="stdio", fixed_caller=Caller(acct.account_id))
     assert rt.relayer.health().ok  # a fresh probe, as a running server has: not refused
     rt.relayer.keyring.encrypt(acct.account_id, b"")  # loaded, as after its first store
+    sealed.remember_namespace(rt, acct.account_id, "default")  # recorded, likewise
     released_by: list[str] = []
     guard = threading.Lock()
     with rt.db.engine.connect() as other:

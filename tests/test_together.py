@@ -21,6 +21,7 @@ from walkeep.db import Database, Prepared, together
 from walkeep.db.models import Account, WriteJob, table
 from walkeep.db.together import MAX_TOGETHER, Aborted, Statement, Together
 from walkeep.mcp.server import Caller, build_mcp
+from walkeep.service import sealed
 from walkeep.service.operators import accounts
 
 # --- the queue itself, with a stand-in for PostgreSQL --------------------------------------
@@ -264,6 +265,7 @@ def test_stores_claimed_together_keep_the_ledgers_guarantees(rt) -> None:  # typ
     mcp = build_mcp(lambda: rt, transport="stdio", fixed_caller=Caller(acct))
     assert rt.relayer.health().ok  # a fresh probe, as a running server has
     rt.relayer.keyring.encrypt(acct, b"")  # loaded, as after the account's first store
+    sealed.remember_namespace(rt, acct, "default")  # recorded, likewise
     calls: list[dict[str, str]] = [{"content": content, "request_id": "req-lead"}]
     calls += [{"content": content, "request_id": f"req-{n}"} for n in range(7)]
     calls.append({"content": content, "request_id": "req-3"})  # a replay, in the same queue

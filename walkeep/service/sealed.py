@@ -27,7 +27,7 @@ from typing import Any
 from cryptography.hazmat.primitives.ciphers.aead import AESSIV
 from sqlalchemy import select
 
-from walkeep import crypto
+from walkeep import crypto, nowait
 from walkeep.db import insert_if_absent
 from walkeep.db.models import NamespaceName, table
 from walkeep.service import digests
@@ -68,6 +68,9 @@ def remember_namespace(rt: Runtime, account_id: str, name: str) -> str:
     token = namespace_token(rt, account_id, name)
     known = _cache(rt, "namespace_names")
     if (account_id, token) not in known:
+        # A write that can wait (on PostgreSQL its foreign key waits for a lock held on the
+        # account's row): the first store of a namespace in a process goes to a thread.
+        nowait.refuse("the namespace's sealed name is not recorded yet")
         row = {
             "account_id": account_id,
             "token": token,
