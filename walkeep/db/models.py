@@ -238,6 +238,16 @@ class Memory(Base):
     forgotten_at: Mapped[datetime | None]
     status_changed_at: Mapped[datetime]
     failure_reason: Mapped[str | None] = mapped_column(String(500))
+    # The memory this one corrects (a mem_ id, fixed at accept) and, on the corrected
+    # one, the memory that replaced it: set in the transaction that registers the new
+    # write, conditionally, so two racing corrections cannot both win (migration 0022).
+    supersedes: Mapped[str | None] = mapped_column(String(32))
+    superseded_by: Mapped[str | None] = mapped_column(String(32))
+    # When the memory stops mattering (it leaves recall and export at that instant),
+    # and the Walrus epoch holding that instant: its blob is kept paid up to the end of
+    # that epoch and no further (renewal caps at expires_epoch + 1).
+    expires_at: Mapped[datetime | None]
+    expires_epoch: Mapped[int | None] = mapped_column(Integer)
 
     __table_args__ = (
         Index(None, "account_id", "namespace", "status"),
@@ -338,6 +348,10 @@ class RenewalItem(Base):
     # before migration 0019 (billed by the rule before; walkeep verify tells them apart).
     share_micro: Mapped[int | None] = mapped_column(BigInteger)
     unbilled_micro: Mapped[int | None] = mapped_column(BigInteger)
+    # When kept members need different numbers of epochs (some expire first): the sum of
+    # each billed share × the epochs it was billed for; the cost is this × price, rounded
+    # down. NULL when every kept share was billed for every epoch (migration 0022).
+    share_epochs_micro: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class Request(Base):

@@ -1,0 +1,55 @@
+"""Memories an agent can correct and bound: ``supersedes``/``superseded_by``/``expires_at``.
+
+A store may name the memory it corrects (``memories.supersedes``); when the new write
+lands, the old one's ``superseded_by`` is set in the transaction that registers it, so
+the link is the record of which replaced which. A store may also say until when it
+matters (``memories.expires_at``); ``memories.expires_epoch`` is the Walrus epoch that
+holds that instant, fixed at accept so that renewal (which caps a blob at the last
+epoch a live member needs) and billing read one integer instead of re-deriving epochs
+from timestamps in SQL on two dialects.
+
+A quilt renewal whose members need different numbers of epochs bills each kept share
+for its own epochs: ``renewal_items.share_epochs_micro`` records the sum of share ×
+epochs it billed, so ``walkeep verify`` still checks the bill exactly. NULL on renewals
+where every kept member needed every epoch (and on those made before this revision).
+
+Plain ``ALTER TABLE … ADD/DROP COLUMN`` on both databases: a batch copy of ``memories``
+on SQLite would drop its triggers (migrations 0011, 0013).
+
+Revision ID: 0022
+Revises: 0021
+Create Date: 2026-12-08
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+from walkeep.db.models import UTCDateTime
+
+revision: str = "0022"
+down_revision: str | None = "0021"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    op.add_column("memories", sa.Column("supersedes", sa.String(length=32), nullable=True))
+    op.add_column("memories", sa.Column("superseded_by", sa.String(length=32), nullable=True))
+    op.add_column("memories", sa.Column("expires_at", UTCDateTime(), nullable=True))
+    op.add_column("memories", sa.Column("expires_epoch", sa.Integer(), nullable=True))
+    op.add_column("renewal_items", sa.Column("share_epochs_micro", sa.BigInteger(), nullable=True))
+
+
+def downgrade() -> None:
+    for table, column in (
+        ("renewal_items", "share_epochs_micro"),
+        ("memories", "expires_epoch"),
+        ("memories", "expires_at"),
+        ("memories", "superseded_by"),
+        ("memories", "supersedes"),
+    ):
+        op.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
