@@ -22,6 +22,18 @@ def store_cost_mc(size_bytes: int, price_mc_per_64kib: int) -> int:
     return units * price_mc_per_64kib
 
 
+def store_cost_for_epochs_mc(
+    size_bytes: int, price_mc_per_64kib: int, epochs: int, initial_epochs: int
+) -> int:
+    """A store's price when the memory needs only ``epochs`` of the ``initial_epochs`` a
+    store buys (it expires first): that fraction of ``store_cost_mc``, rounded down (the
+    fraction of a millicredit is Walkeep's). ``epochs >= initial_epochs``: the full price."""
+    full = store_cost_mc(size_bytes, price_mc_per_64kib)
+    if epochs >= initial_epochs:
+        return full
+    return full * max(0, epochs) // max(1, initial_epochs)
+
+
 def renewal_cost_mc(storage_size: int, epochs: int, price_mc_per_unit_epoch: int) -> int:
     return storage_units(storage_size) * epochs * price_mc_per_unit_epoch
 
@@ -47,6 +59,10 @@ def renewal_cost_mc(storage_size: int, epochs: int, price_mc_per_unit_epoch: int
 #    kept (and no cap bit), the kept shares are the whole quilt and the bill is exactly the
 #    whole quilt's chain-priced cost; otherwise it is the kept members' exact part, less
 #    the fraction of a millicredit. Forgotten or lapsed members' shares are Walkeep's cost.
+#    A member stored with an expiry is billed only for the epochs it still needs
+#    (``share_epochs_renewal_cost_mc``): the bill is ``Σ share × its epochs × price /
+#    MICRO``, rounded down once, and the quilt is never extended past the last epoch any
+#    kept member needs.
 #    Shares are fixed when the quilt lands, so forgetting a neighbour never raises them.
 # 4. **Compaction** (re-packing a quilt's live members into a new quilt) lands them like
 #    any other writes: the new quilt is apportioned by the same rule.
@@ -83,6 +99,14 @@ def share_renewal_cost_mc(kept_micro: int, epochs: int, price_mc_per_unit_epoch:
     """What extending a quilt bills its account for kept shares summing to ``kept_micro``:
     their exact part of the chain-priced cost, rounded down (the fraction is Walkeep's)."""
     return max(0, kept_micro) * epochs * price_mc_per_unit_epoch // MICRO
+
+
+def share_epochs_renewal_cost_mc(share_epochs_micro: int, price_mc_per_unit_epoch: int) -> int:
+    """What extending a quilt bills when its kept members need different numbers of
+    epochs: ``share_epochs_micro`` is Σ (a kept share × the epochs it is billed for);
+    the exact part, rounded down. Equal to ``share_renewal_cost_mc(kept, epochs, …)``
+    when every kept share is billed for every epoch."""
+    return max(0, share_epochs_micro) * price_mc_per_unit_epoch // MICRO
 
 
 def packing_saves(size: int, quilt_max_bytes: int, n_shards: int = N_SHARDS) -> bool:
