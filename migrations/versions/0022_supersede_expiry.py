@@ -13,6 +13,11 @@ for its own epochs: ``renewal_items.share_epochs_micro`` records the sum of shar
 epochs it billed, so ``walkeep verify`` still checks the bill exactly. NULL on renewals
 where every kept member needed every epoch (and on those made before this revision).
 
+Recall's visibility check now also reads ``expires_at``: the covering index
+``ix_memories_visibility`` (migration 0018) gains it as its last column, so the check
+stays index-only; its leading columns are unchanged, so every query that used it still
+does.
+
 Plain ``ALTER TABLE … ADD/DROP COLUMN`` on both databases: a batch copy of ``memories``
 on SQLite would drop its triggers (migrations 0011, 0013).
 
@@ -36,15 +41,31 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
+_VISIBILITY = "ix_memories_visibility"
+_VISIBILITY_COLUMNS = [
+    "account_id",
+    "blob_id",
+    "status",
+    "namespace",
+    "blob_pk",
+    "stored_at",
+    "accepted_at",
+]
+
+
 def upgrade() -> None:
     op.add_column("memories", sa.Column("supersedes", sa.String(length=32), nullable=True))
     op.add_column("memories", sa.Column("superseded_by", sa.String(length=32), nullable=True))
     op.add_column("memories", sa.Column("expires_at", UTCDateTime(), nullable=True))
     op.add_column("memories", sa.Column("expires_epoch", sa.Integer(), nullable=True))
     op.add_column("renewal_items", sa.Column("share_epochs_micro", sa.BigInteger(), nullable=True))
+    op.drop_index(_VISIBILITY, table_name="memories")
+    op.create_index(_VISIBILITY, "memories", [*_VISIBILITY_COLUMNS, "expires_at"], unique=False)
 
 
 def downgrade() -> None:
+    op.drop_index(_VISIBILITY, table_name="memories")
+    op.create_index(_VISIBILITY, "memories", _VISIBILITY_COLUMNS, unique=False)
     for table, column in (
         ("renewal_items", "share_epochs_micro"),
         ("memories", "expires_epoch"),

@@ -258,8 +258,8 @@ class Memory(Base):
         Index(None, "blob_pk", "status", "blob_id", "share_micro"),
         Index(None, "status", "accepted_at"),
         Index(None, "account_id", "content_hash"),
-        # recall's visibility check (status, scope, dates, blob) off the index alone
-        # (migration 0018): at a million memories its rows are mostly on disk.
+        # recall's visibility check (status, scope, dates, blob, expiry) off the index alone
+        # (migrations 0018, 0022): at a million memories its rows are mostly on disk.
         Index(
             "ix_memories_visibility",
             "account_id",
@@ -269,6 +269,7 @@ class Memory(Base):
             "blob_pk",
             "stored_at",
             "accepted_at",
+            "expires_at",
         ),
         # Writing one memory's quilt lands its neighbours: find them by job.
         Index(None, "job_id"),

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from enum import StrEnum
 
-from sqlalchemy import ColumnElement, update
+from sqlalchemy import ColumnElement, or_, select, update
 from sqlalchemy.orm import Session
 
 from walkeep import usage
@@ -86,3 +86,38 @@ def leave(
             )
         )
     return n
+
+
+def supersede(s: Session, account_id: str, old_id: str, new_id: str, now: datetime) -> bool:
+    """Retire ``old_id`` in favour of ``new_id``, in the transaction that registers the
+    new write; False, changing nothing, if it is no longer in service (another correction
+    won, or it was forgotten or expired meanwhile).
+
+    The conditional UPDATE decides a race: on PostgreSQL the second of two concurrent
+    updates of the row waits for the first and then finds ``superseded_by`` set. The
+    identical copies sharing the old one's blob_id leave with it — otherwise its content
+    would stay recallable through them — but never the new memory itself (identical
+    content corrects nothing, yet it must not retire itself)."""
+    won = leave(
+        s,
+        [
+            Memory.id == old_id,
+            Memory.account_id == account_id,
+            or_(Memory.expires_at.is_(None), Memory.expires_at > now),
+        ],
+        now,
+        Why.SUPERSEDED,
+        superseded_by=new_id,
+    )
+    if not won:
+        return False
+    blob_id = s.scalar(select(Memory.blob_id).where(Memory.id == old_id))
+    if blob_id is not None:
+        leave(
+            s,
+            [Memory.account_id == account_id, Memory.blob_id == blob_id, Memory.id != new_id],
+            now,
+            Why.SUPERSEDED,
+            superseded_by=new_id,
+        )
+    return True

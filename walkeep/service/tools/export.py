@@ -35,6 +35,7 @@ from walkeep.lifecycle import VISIBLE
 from walkeep.service.namespaces import validate_namespace
 from walkeep.service.runtime import Runtime
 from walkeep.service.tools.schemas import ExportMemory, ExportResult, OwnershipProof
+from walkeep.service.tools.views import unexpired
 
 PAGE_MAX = 1000
 CURSOR_MAX_CHARS = 512
@@ -128,6 +129,7 @@ def export(
             Memory.account_id == account_id,
             Memory.status.in_(list(VISIBLE)),
             Blob.end_epoch > current,
+            unexpired(rt.clock.now()),
         )
         .order_by(Memory.stored_at, Memory.id)
         .limit(page_size + 1)
@@ -178,6 +180,8 @@ def export(
             quilt_id=b.blob_id if b.kind == "quilt" else None,
             stored_at=m.stored_at or m.accepted_at,
             metadata=m.metadata_ or {},
+            expires_at=m.expires_at,
+            supersedes=m.supersedes,
         )
         for m, b in page
     ]
