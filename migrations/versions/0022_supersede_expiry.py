@@ -16,7 +16,7 @@ where every kept member needed every epoch (and on those made before this revisi
 Recall's visibility check now also reads ``expires_at``: the covering index
 ``ix_memories_visibility`` (migration 0018) gains it as its last column, so the check
 stays index-only; its leading columns are unchanged, so every query that used it still
-does.
+does. The sweep finds passed expiries by ``ix_memories_expires_at``.
 
 Plain ``ALTER TABLE … ADD/DROP COLUMN`` on both databases: a batch copy of ``memories``
 on SQLite would drop its triggers (migrations 0011, 0013).
@@ -61,9 +61,12 @@ def upgrade() -> None:
     op.add_column("renewal_items", sa.Column("share_epochs_micro", sa.BigInteger(), nullable=True))
     op.drop_index(_VISIBILITY, table_name="memories")
     op.create_index(_VISIBILITY, "memories", [*_VISIBILITY_COLUMNS, "expires_at"], unique=False)
+    # The sweep's "whose expiry has passed".
+    op.create_index(op.f("ix_memories_expires_at"), "memories", ["expires_at"], unique=False)
 
 
 def downgrade() -> None:
+    op.drop_index(op.f("ix_memories_expires_at"), table_name="memories")
     op.drop_index(_VISIBILITY, table_name="memories")
     op.create_index(_VISIBILITY, "memories", _VISIBILITY_COLUMNS, unique=False)
     for table, column in (

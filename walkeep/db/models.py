@@ -273,6 +273,8 @@ class Memory(Base):
         ),
         # Writing one memory's quilt lands its neighbours: find them by job.
         Index(None, "job_id"),
+        # The sweep finds memories whose expiry has passed (migration 0022).
+        Index(None, "expires_at"),
         # check_runway's summary: the smallest memory ids of one status, and their
         # blobs, off the index alone.
         Index(None, "account_id", "status", "id", "blob_pk"),
