@@ -338,18 +338,15 @@ def parse_expires_at(value: str | datetime) -> datetime:
             )
         return value.astimezone(UTC)
     text = _text(value, "expires_at")
-    if len(text) == 10:
-        try:
+    try:
+        if len(text) == 10:
             return lifecycle.end_of_day(datetime.fromisoformat(text).replace(tzinfo=UTC))
-        except ValueError:
-            pass
-    else:
-        try:
-            at = datetime.fromisoformat(text.replace("z", "Z"))
-        except ValueError:
-            at = None
-        if at is not None and at.tzinfo is not None and "T" in text.upper():
-            return at.astimezone(UTC)
+        if len(text) > 10 and text[10] in "Tt":  # RFC 3339 allows either case
+            at = datetime.fromisoformat(f"{text[:10]}T{text[11:]}".replace("z", "Z"))
+            if at.tzinfo is not None:
+                return at.astimezone(UTC)
+    except (ValueError, OverflowError):  # not a date, or past year 9999 once made UTC
+        pass
     raise ValidationError(
         "expires_at must be an RFC 3339 date (2027-01-31, meaning the end of that day UTC) "
         "or timestamp with an offset (2027-01-31T18:00:00Z)",
@@ -371,7 +368,12 @@ def _bound(rt: Runtime, expires_at: str | datetime | None) -> _Bound | None:
     info = rt.chain.epoch_info()
     started = info.started_at or now
     epoch = lifecycle.epoch_at(info.epoch, started, info.duration_seconds, at)
-    return _Bound(at, max(epoch, info.epoch), info.epoch)
+    # An epoch beyond a 32-bit column is beyond any renewal anyone will run: stored as
+    # the largest, it caps nothing.
+    return _Bound(at, min(max(epoch, info.epoch), _MAX_EPOCH), info.epoch)
+
+
+_MAX_EPOCH = 2**31 - 2
 
 
 def _epochs(rt: Runtime, bound: _Bound | None) -> int:
