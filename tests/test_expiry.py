@@ -174,24 +174,26 @@ def test_a_quilt_bills_each_share_for_its_own_epochs_and_stops_at_the_last_neede
     _advance_to_epoch(rt, clock, c + 3)
     before = _balance(rt, a)
     report = renew.renew(rt)
-    assert report.transactions == 1 and _blob(rt, keep.memory_id).end_epoch == c + 8
-    # keep: 3 epochs; short needs the quilt to c+7 only: 2 of them.
-    expected = (s_keep * 3 + s_short * 2) * price // MICRO
-    assert before - _balance(rt, a) == expected
-    with rt.db.read() as s:
-        item = s.scalars(select(RenewalItem).order_by(RenewalItem.id.desc())).first()
-        assert item is not None and item.share_epochs_micro == s_keep * 3 + s_short * 2
+    # short needs the quilt to c+7 only: extended that far (2 epochs), both billed for
+    # both — never a share for an epoch its member does not need.
+    assert report.transactions == 1 and _blob(rt, keep.memory_id).end_epoch == c + 7
+    assert before - _balance(rt, a) == pricing.share_renewal_cost_mc(s_keep + s_short, 2, price)
     assert all(verify.verify_digest(rt, d).ok for d in report.digests)
 
-    _advance_to_epoch(rt, clock, c + 6)
-    sweep.sweep(rt)
+    _advance_to_epoch(rt, clock, c + 5)
     before = _balance(rt, a)
     report = renew.renew(rt)
-    assert report.transactions == 1
+    assert report.transactions == 1 and _blob(rt, keep.memory_id).end_epoch == c + 10
     # short needs nothing more (its epoch is paid): only keep's share is billed.
     assert before - _balance(rt, a) == pricing.share_renewal_cost_mc(s_keep, 3, price)
+    with rt.db.read() as s:
+        item = s.scalars(select(RenewalItem).order_by(RenewalItem.id.desc())).first()
+        assert item is not None and item.share_micro == s_keep
     assert all(verify.verify_digest(rt, d).ok for d in report.digests)
     assert verify.verify_memory(rt, keep.memory_id).ok
+    _advance_to_epoch(rt, clock, c + 7)
+    assert sweep.sweep(rt).lapsed_paid_memories == 0
+    assert _mem(rt, short.memory_id).status == MemoryStatus.EXPIRED
 
 
 def test_a_quilt_of_expiring_members_is_never_extended_past_the_last_epoch_needed(

@@ -59,10 +59,11 @@ def renewal_cost_mc(storage_size: int, epochs: int, price_mc_per_unit_epoch: int
 #    kept (and no cap bit), the kept shares are the whole quilt and the bill is exactly the
 #    whole quilt's chain-priced cost; otherwise it is the kept members' exact part, less
 #    the fraction of a millicredit. Forgotten or lapsed members' shares are Walkeep's cost.
-#    A member stored with an expiry is billed only for the epochs it still needs
-#    (``share_epochs_renewal_cost_mc``): the bill is ``Σ share × its epochs × price /
-#    MICRO``, rounded down once, and the quilt is never extended past the last epoch any
-#    kept member needs.
+#    A member stored with an expiry is kept (billed) only while it still needs the
+#    quilt, and a quilt is extended only as far as the first kept member needs it (a
+#    later renewal carries on for the rest): every billed share is billed for every
+#    epoch added, so the bill is still ``kept × epochs × price / MICRO`` rounded down,
+#    and no quilt is extended past the last epoch any live member needs.
 #    Shares are fixed when the quilt lands, so forgetting a neighbour never raises them.
 # 4. **Compaction** (re-packing a quilt's live members into a new quilt) lands them like
 #    any other writes: the new quilt is apportioned by the same rule.
@@ -99,14 +100,6 @@ def share_renewal_cost_mc(kept_micro: int, epochs: int, price_mc_per_unit_epoch:
     """What extending a quilt bills its account for kept shares summing to ``kept_micro``:
     their exact part of the chain-priced cost, rounded down (the fraction is Walkeep's)."""
     return max(0, kept_micro) * epochs * price_mc_per_unit_epoch // MICRO
-
-
-def share_epochs_renewal_cost_mc(share_epochs_micro: int, price_mc_per_unit_epoch: int) -> int:
-    """What extending a quilt bills when its kept members need different numbers of
-    epochs: ``share_epochs_micro`` is Σ (a kept share × the epochs it is billed for);
-    the exact part, rounded down. Equal to ``share_renewal_cost_mc(kept, epochs, …)``
-    when every kept share is billed for every epoch."""
-    return max(0, share_epochs_micro) * price_mc_per_unit_epoch // MICRO
 
 
 def packing_saves(size: int, quilt_max_bytes: int, n_shards: int = N_SHARDS) -> bool:

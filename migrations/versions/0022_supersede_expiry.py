@@ -8,11 +8,6 @@ holds that instant, fixed at accept so that renewal (which caps a blob at the la
 epoch a live member needs) and billing read one integer instead of re-deriving epochs
 from timestamps in SQL on two dialects.
 
-A quilt renewal whose members need different numbers of epochs bills each kept share
-for its own epochs: ``renewal_items.share_epochs_micro`` records the sum of share ×
-epochs it billed, so ``walkeep verify`` still checks the bill exactly. NULL on renewals
-where every kept member needed every epoch (and on those made before this revision).
-
 Recall's visibility check now also reads ``expires_at``: the covering index
 ``ix_memories_visibility`` (migration 0018) gains it as its last column, so the check
 stays index-only; its leading columns are unchanged, so every query that used it still
@@ -58,7 +53,6 @@ def upgrade() -> None:
     op.add_column("memories", sa.Column("superseded_by", sa.String(length=32), nullable=True))
     op.add_column("memories", sa.Column("expires_at", UTCDateTime(), nullable=True))
     op.add_column("memories", sa.Column("expires_epoch", sa.Integer(), nullable=True))
-    op.add_column("renewal_items", sa.Column("share_epochs_micro", sa.BigInteger(), nullable=True))
     op.drop_index(_VISIBILITY, table_name="memories")
     op.create_index(_VISIBILITY, "memories", [*_VISIBILITY_COLUMNS, "expires_at"], unique=False)
     # The sweep's "whose expiry has passed".
@@ -70,7 +64,6 @@ def downgrade() -> None:
     op.drop_index(_VISIBILITY, table_name="memories")
     op.create_index(_VISIBILITY, "memories", _VISIBILITY_COLUMNS, unique=False)
     for table, column in (
-        ("renewal_items", "share_epochs_micro"),
         ("memories", "expires_epoch"),
         ("memories", "expires_at"),
         ("memories", "superseded_by"),

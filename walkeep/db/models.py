@@ -351,10 +351,6 @@ class RenewalItem(Base):
     # before migration 0019 (billed by the rule before; walkeep verify tells them apart).
     share_micro: Mapped[int | None] = mapped_column(BigInteger)
     unbilled_micro: Mapped[int | None] = mapped_column(BigInteger)
-    # When kept members need different numbers of epochs (some expire first): the sum of
-    # each billed share × the epochs it was billed for; the cost is this × price, rounded
-    # down. NULL when every kept share was billed for every epoch (migration 0022).
-    share_epochs_micro: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class Request(Base):

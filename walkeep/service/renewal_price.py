@@ -154,23 +154,27 @@ def blob_needs(
 @dataclass(frozen=True, slots=True)
 class Plan:
     """One blob's renewal: the epochs it is extended by and what the account pays, with
-    a quilt's kept and unbilled shares (None for a plain blob) and, when its kept members
-    need different numbers of epochs, Σ share × epochs billed (else None)."""
+    a quilt's kept and unbilled shares (None for a plain blob)."""
 
     epochs: int
     cost_mc: int
     kept_micro: int | None = None
     unbilled_micro: int | None = None
-    share_epochs_micro: int | None = None
 
 
 def renewal_plan(
     blob: Any, shares: dict[int, int], needs: Needs | None, epochs: int, price: int
 ) -> Plan:
     """Extend ``blob`` by at most ``epochs``, never past the last epoch a kept member
-    needs; bill a plain blob its whole units for those epochs, and a quilt each kept
-    share for the epochs *it* needs (a member whose expiry is covered pays nothing more;
-    its share is Walkeep's cost, as a forgotten member's is)."""
+    needs, and bill it by the one rule ``walkeep verify`` checks exactly.
+
+    A plain blob: its whole units for those epochs. A quilt whose kept members expire:
+    only the shares of members that still need it are kept (billed); the others' are
+    unbilled, Walkeep's cost, as a forgotten member's are. And it is extended only as
+    far as the *first* of the billed members stops needing it, so that every billed
+    share is billed for every epoch added (``kept × epochs``): a later renewal carries
+    on for those that need more. A member is thus never billed for an epoch past the
+    one holding its expiry, and the bill stays ``⌊kept × epochs × price⌋``."""
     k = epochs
     if needs is not None and needs.cap is not None:
         k = max(0, min(epochs, needs.cap - blob.end_epoch))
@@ -183,17 +187,9 @@ def renewal_plan(
         (share, k if end is None else max(0, min(k, end - blob.end_epoch)))
         for share, end in needs.patches
     ]
+    k = min((n for _, n in billed if n > 0), default=0)
     kept, unbilled = quilt_split(blob, {blob.id: sum(sh for sh, n in billed if n > 0)})
-    share_epochs = min(sum(sh * n for sh, n in billed), kept * k)
-    if share_epochs == kept * k:  # every kept share for every epoch: the plain rule
-        return Plan(k, pricing.share_renewal_cost_mc(kept, k, price), kept, unbilled)
-    return Plan(
-        k,
-        pricing.share_epochs_renewal_cost_mc(share_epochs, price),
-        kept,
-        unbilled,
-        share_epochs,
-    )
+    return Plan(k, pricing.share_renewal_cost_mc(kept, k, price), kept, unbilled)
 
 
 def renewal_burn_mc_per_epoch(rt: Runtime, account_id: str) -> tuple[int, int | None]:

@@ -419,8 +419,8 @@ def _claim_batch(
         by_account: dict[str | None, list[tuple[_Due, int, int]]] = defaultdict(list)
         capped: list[int] = []
         shares = quilt_shares(s, [b.id for b in blobs if b.kind == "quilt"], ACTIVE_ONLY)
-        # Blobs holding active memories that expire: extended only as far as the last
-        # epoch one of them needs, each share billed for the epochs it needs.
+        # Blobs holding active memories that expire: extended only as far as they are
+        # needed, and a quilt's shares billed only while their members need it.
         needs = blob_needs(s, [b.id for b in blobs], ACTIVE_ONLY)
         plans: dict[int, Plan] = {}
         for b in blobs:
@@ -542,16 +542,10 @@ def _claim_batch(
 
 def _item_shares(blob: _Due, plan: Plan) -> dict[str, int | None]:
     """A quilt item's kept and unbilled shares — they sum to the quilt's apportioned
-    shares, so ``walkeep verify`` checks its bill to the unit — and, when its kept
-    members need different numbers of epochs, Σ share × epochs billed; None for a plain
-    blob."""
+    shares, so ``walkeep verify`` checks its bill to the unit; None for a plain blob."""
     if blob.kind != "quilt":
-        return {"share_micro": None, "unbilled_micro": None, "share_epochs_micro": None}
-    return {
-        "share_micro": plan.kept_micro,
-        "unbilled_micro": plan.unbilled_micro,
-        "share_epochs_micro": plan.share_epochs_micro,
-    }
+        return {"share_micro": None, "unbilled_micro": None}
+    return {"share_micro": plan.kept_micro, "unbilled_micro": plan.unbilled_micro}
 
 
 def _prepare_checked(

@@ -93,9 +93,6 @@ class _Item:
     blob_pk: int
     apportioned_micro: int | None  # the quilt's blobs.share_micro
     patch_count: int | None
-    # Σ kept share × the epochs it was billed for, when kept members needed different
-    # numbers of epochs (some expire first); NULL: every kept share for every epoch.
-    share_epochs_micro: int | None
 
 
 def _items(rt: Runtime, renewal_id: int) -> list[_Item]:
@@ -114,7 +111,6 @@ def _items(rt: Runtime, renewal_id: int) -> list[_Item]:
                 Blob.id,
                 Blob.share_micro,
                 Blob.patch_count,
-                RenewalItem.share_epochs_micro,
             )
             .join(Blob, Blob.id == RenewalItem.blob_pk)
             .where(RenewalItem.renewal_id == renewal_id)
@@ -401,26 +397,13 @@ def _check_quilt(rt: Runtime, report: VerifyReport, c: str, item: _Item, price: 
     kept, unbilled = item.share_micro, item.unbilled_micro
     whole = walrus.storage_units(item.storage_size) * pricing.MICRO
     full = pricing.renewal_cost_mc(item.storage_size, item.epochs, price)
-    se = item.share_epochs_micro
-    if se is None:
-        expected = pricing.share_renewal_cost_mc(kept, item.epochs, price)
-        report.check(
-            f"{c} cost",
-            item.cost_mc == expected,
-            f"{item.cost_mc} mc billed, ⌊{_units(kept)} kept units × {item.epochs} epochs × "
-            f"{price} mc⌋ = {expected} mc (whole quilt {full} mc)",
-        )
-    else:
-        # Kept members that expire were billed only for the epochs they needed: the
-        # recorded Σ share × epochs is at most every kept share for every epoch.
-        expected = pricing.share_epochs_renewal_cost_mc(se, price)
-        report.check(
-            f"{c} cost",
-            item.cost_mc == expected and 0 <= se <= kept * item.epochs,
-            f"{item.cost_mc} mc billed, ⌊{_units(se)} kept unit-epochs (members that expire "
-            f"billed only for the epochs they need; at most {_units(kept)} kept units × "
-            f"{item.epochs} epochs) × {price} mc⌋ = {expected} mc (whole quilt {full} mc)",
-        )
+    expected = pricing.share_renewal_cost_mc(kept, item.epochs, price)
+    report.check(
+        f"{c} cost",
+        item.cost_mc == expected,
+        f"{item.cost_mc} mc billed, ⌊{_units(kept)} kept units × {item.epochs} epochs × "
+        f"{price} mc⌋ = {expected} mc (whole quilt {full} mc)",
+    )
     apportioned = whole if item.apportioned_micro is None else item.apportioned_micro
     with rt.db.read() as s:
         patches = (
