@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -118,7 +119,10 @@ def _world(
     """Stores of random sizes (some identical, some forgotten while storing) packed into
     quilts, forgets between renewal rounds, an account that runs dry so its memories lapse
     (expired); with ``compact`` a mostly-forgotten quilt re-packed, with ``capped`` a lone
-    445 KB memory whose quilt (65 units) costs more than it would alone (63): the cap."""
+    445 KB memory whose quilt (65 units) costs more than it would alone (63): the cap.
+    Some memories expire a few epochs on (billed only for the epochs they need; their
+    quilt never extended past the last one a live member needs) and some corrections
+    supersede a kept memory (it stops renewing when the correction lands)."""
     s = rt.settings
     s.renewal_price_mc_per_unit_epoch = rng.choice([1, 2, 3, 7, 13])
     if compact or capped:
@@ -131,6 +135,7 @@ def _world(
         s.max_memory_bytes = 500_000
         store.store(rt, account(rt, credits=100), content="c" * 445_000, request_id="capped")
     texts: list[str] = []
+    kept: list[str] = []  # the rich account's memories without an expiry, to correct
     n = 0
 
     def put(acct: str, size: int) -> str:
@@ -141,9 +146,23 @@ def _world(
         else:
             text = f"{n} " + "x" * size
             texts.append(text)
-        mid = store.store(rt, acct, content=text, request_id=f"s{n}").memory_id
+        life: dict[str, Any] = {}
+        if rng.random() < 0.3:  # matters only until a few epochs on
+            info = rt.chain.epoch_info()
+            assert info.started_at is not None
+            ahead = rng.randint(0, 9) * info.duration_seconds + rng.randint(1, 3600)
+            life["expires_at"] = info.started_at + timedelta(seconds=ahead)
+            if life["expires_at"] <= rt.clock.now():
+                life["expires_at"] = rt.clock.now() + timedelta(seconds=1)
+        if kept and rng.random() < 0.15:  # corrects one of the account's kept memories
+            life["supersedes"] = kept.pop(rng.randrange(len(kept)))
+        mid = store.store(rt, acct, content=text, request_id=f"s{n}", **life).memory_id
+        if acct == rich and "expires_at" not in life:
+            kept.append(mid)
         if rng.random() < 0.15:  # forgotten while still storing
             forget.forget(rt, acct, memory_id=mid, request_id=f"fs{n}")
+            if mid in kept:
+                kept.remove(mid)
         return mid
 
     def forget_some(p: float) -> None:
@@ -154,6 +173,8 @@ def _world(
         for mid, acct in rows:
             if rng.random() < p:
                 forget.forget(rt, acct, memory_id=mid, request_id=f"f-{mid}")
+                if mid in kept:
+                    kept.remove(mid)
 
     big = 200_000 if compact else 0
     for _ in range(rng.randint(1, 9) if not compact else 8):

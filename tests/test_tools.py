@@ -105,6 +105,9 @@ def test_check_runway_by_blob_id_and_summary(rt: Runtime) -> None:
         "last_renewal_tx",
         "next_renewal_epoch",
         "last_renewal_url",
+        "expires_at",
+        "supersedes",
+        "superseded_by",
     }
     with pytest.raises(NotFound):
         runway.check_runway(rt, a, "mem_doesnotexist")

@@ -29,6 +29,7 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from datetime import date, datetime
 from decimal import Decimal
 from typing import Any, TypeVar
 
@@ -115,6 +116,14 @@ def _rid(request_id: str | None) -> str:
     return request_id or uuid.uuid4().hex
 
 
+def _instant(value: str | datetime | date | None) -> str | None:
+    """``expires_at`` as RFC 3339 text: a date stays a date (the end of that day UTC, as
+    the server reads it); a datetime must carry its offset, which the server checks."""
+    if value is None or isinstance(value, str):
+        return value
+    return value.isoformat()
+
+
 def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if v is not None}
 
@@ -149,6 +158,8 @@ class WalkeepClient:
         request_id: str | None = None,
         namespace: str | None = None,
         metadata: dict[str, str] | None = None,
+        supersedes: str | None = None,
+        expires_at: str | datetime | date | None = None,
     ) -> StoreResult:
         body = _drop_none(
             {
@@ -156,6 +167,8 @@ class WalkeepClient:
                 "request_id": _rid(request_id),
                 "namespace": namespace,
                 "metadata": metadata,
+                "supersedes": supersedes,
+                "expires_at": _instant(expires_at),
             }
         )
         return _parse(self._http.post("/v1/store", json=body), StoreResult)
@@ -251,6 +264,8 @@ class AsyncWalkeepClient:
         request_id: str | None = None,
         namespace: str | None = None,
         metadata: dict[str, str] | None = None,
+        supersedes: str | None = None,
+        expires_at: str | datetime | date | None = None,
     ) -> StoreResult:
         body = _drop_none(
             {
@@ -258,6 +273,8 @@ class AsyncWalkeepClient:
                 "request_id": _rid(request_id),
                 "namespace": namespace,
                 "metadata": metadata,
+                "supersedes": supersedes,
+                "expires_at": _instant(expires_at),
             }
         )
         return _parse(await self._http.post("/v1/store", json=body), StoreResult)

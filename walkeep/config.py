@@ -149,9 +149,9 @@ class Settings(BaseSettings):
     purge_within_hours: int = Field(
         default=24,
         ge=1,
-        description="A forgotten, lapsed or failed memory's derived data (hash, metadata, "
-        "index rows) leaves the database and every index file within this many hours "
-        "(walkeep/service/jobs/purge.py).",
+        description="A departed (forgotten, superseded, expired, lapsed or failed) memory's "
+        "derived data (hash, metadata, index rows) leaves the database and every index file "
+        "within this many hours (walkeep/service/jobs/purge.py).",
     )
     reconcile_payments_interval_seconds: float = Field(default=120, gt=0)
     reconcile_renewals_interval_seconds: float = Field(default=60, gt=0)

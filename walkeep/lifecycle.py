@@ -2,13 +2,19 @@
 
 A memory moves ``accepting → storing → active`` as its write lands, and from
 ``active`` to ``paused`` (renewal unfunded; paid runway still counts down),
-``no-renew`` (forgotten; lapses at its end_epoch) or ``expired`` (its blob's
-end_epoch has passed). ``failed`` is a write that never landed (the hold was
-released; the request may be retried with the same request_id).
+``no-renew`` (forgotten, or superseded by a correction; lapses at its end_epoch) or
+``expired`` (its blob's end_epoch has passed, or the ``expires_at`` it was stored with).
+``failed`` is a write that never landed (the hold was released; the request may be
+retried with the same request_id).
+
+A memory stored with ``expires_at`` needs its blob paid up to the end of the epoch
+holding that instant and no further: ``expiry_end_epoch``. Renewal never extends a
+blob past the last such epoch any of its kept members needs (``capped_extension``).
 """
 
 from __future__ import annotations
 
+from datetime import UTC, timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, overload
 
@@ -74,6 +80,45 @@ def extension_epochs(end_epoch: int, current_epoch: int, target_runway: int) -> 
     remaining = end_epoch - current_epoch
     wanted = max(0, target_runway - remaining)
     return max(0, min(wanted, MAX_EPOCHS_AHEAD - remaining))
+
+
+def capped_extension(
+    end_epoch: int, current_epoch: int, target_runway: int, cap: int | None
+) -> int:
+    """``extension_epochs``, but never past ``cap`` (the end epoch the blob's kept members
+    still need; None: a member with no expiry, no cap). 0 when nothing should be added."""
+    k = extension_epochs(end_epoch, current_epoch, target_runway)
+    return k if cap is None else max(0, min(k, cap - end_epoch))
+
+
+def epoch_at(info_epoch: int, started_at: datetime, duration_seconds: int, at: datetime) -> int:
+    """The epoch that contains ``at``, counted from the current epoch's start and length.
+
+    Integer arithmetic on whole microseconds, so an instant on an epoch boundary belongs
+    to the epoch it starts (never to the one before, as float rounding could say)."""
+    delta = at - started_at
+    micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    return info_epoch + micros // (max(1, duration_seconds) * 1_000_000)
+
+
+def expiry_end_epoch(expires_epoch: int) -> int:
+    """The end epoch (exclusive) a memory expiring during ``expires_epoch`` needs: its
+    bytes must outlive its expiry, so the epoch holding it is paid for in full."""
+    return expires_epoch + 1
+
+
+def epochs_needed(current_epoch: int, expires_epoch: int | None, initial_epochs: int) -> int:
+    """Epochs a new write buys: the initial epochs, or fewer if the memory expires first
+    (at least 1: an expiry in the future is at or after the current epoch)."""
+    if expires_epoch is None:
+        return initial_epochs
+    return max(1, min(initial_epochs, expiry_end_epoch(expires_epoch) - current_epoch))
+
+
+def end_of_day(at: datetime) -> datetime:
+    """The end of ``at``'s UTC day, as the instant the next one starts (exclusive)."""
+    day = at.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    return day + timedelta(days=1)
 
 
 @overload

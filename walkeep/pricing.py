@@ -22,6 +22,18 @@ def store_cost_mc(size_bytes: int, price_mc_per_64kib: int) -> int:
     return units * price_mc_per_64kib
 
 
+def store_cost_for_epochs_mc(
+    size_bytes: int, price_mc_per_64kib: int, epochs: int, initial_epochs: int
+) -> int:
+    """A store's price when the memory needs only ``epochs`` of the ``initial_epochs`` a
+    store buys (it expires first): that fraction of ``store_cost_mc``, rounded down (the
+    fraction of a millicredit is Walkeep's). ``epochs >= initial_epochs``: the full price."""
+    full = store_cost_mc(size_bytes, price_mc_per_64kib)
+    if epochs >= initial_epochs:
+        return full
+    return full * max(0, epochs) // max(1, initial_epochs)
+
+
 def renewal_cost_mc(storage_size: int, epochs: int, price_mc_per_unit_epoch: int) -> int:
     return storage_units(storage_size) * epochs * price_mc_per_unit_epoch
 
@@ -47,6 +59,11 @@ def renewal_cost_mc(storage_size: int, epochs: int, price_mc_per_unit_epoch: int
 #    kept (and no cap bit), the kept shares are the whole quilt and the bill is exactly the
 #    whole quilt's chain-priced cost; otherwise it is the kept members' exact part, less
 #    the fraction of a millicredit. Forgotten or lapsed members' shares are Walkeep's cost.
+#    A member stored with an expiry is kept (billed) only while it still needs the
+#    quilt, and a quilt is extended only as far as the first kept member needs it (a
+#    later renewal carries on for the rest): every billed share is billed for every
+#    epoch added, so the bill is still ``kept × epochs × price / MICRO`` rounded down,
+#    and no quilt is extended past the last epoch any live member needs.
 #    Shares are fixed when the quilt lands, so forgetting a neighbour never raises them.
 # 4. **Compaction** (re-packing a quilt's live members into a new quilt) lands them like
 #    any other writes: the new quilt is apportioned by the same rule.

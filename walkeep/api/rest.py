@@ -124,6 +124,12 @@ _ID_CHAR = r"[^\u0000-\u001f\u007f-\u009f]"
 IDENT = rf"^{_ID_CHAR}*$"
 NON_BLANK_IDENT = rf"^{_ID_CHAR}*[^\s\u0000-\u001f\u007f-\u009f]{_ID_CHAR}*$"
 HAS_TEXT = r"[^\s\u001c-\u001f\u0085]"  # content: any characters, not only whitespace
+# expires_at: an RFC 3339 full-date, or a date-time with its offset. "In the future" and
+# "a day that exists" have no JSON Schema form: the service checks them (400).
+RFC3339 = (
+    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}"
+    r"([Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2}))?$"
+)
 MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=IDENT)]
 MetadataValue = Annotated[str, StringConstraints(max_length=1024, pattern=NO_NUL)]
 
@@ -143,6 +149,22 @@ class StoreIn(_In):
         description="At most 255 UTF-8 bytes.",
     )
     metadata: dict[MetadataKey, MetadataValue] | None = Field(default=None, max_length=32)
+    supersedes: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        pattern=NON_BLANK_IDENT,
+        description="A memory this one corrects (memory_id or blob_id): it stops renewing "
+        "and leaves recall and export when this store lands.",
+    )
+    expires_at: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        pattern=RFC3339,
+        description="RFC 3339 date (the end of that day UTC) or timestamp with offset, in "
+        "the future: the memory leaves recall and export then and is renewed no further.",
+    )
 
 
 class RecallIn(_In):
@@ -186,6 +208,8 @@ async def store_route(body: StoreIn, who: Auth, rt: Rt) -> StoreResult:
         request_id=body.request_id,
         namespace=body.namespace or who.default_namespace or "default",
         metadata=body.metadata,
+        supersedes=body.supersedes,
+        expires_at=body.expires_at,
     )
 
 

@@ -56,7 +56,7 @@ def index_purge(
     account: Annotated[str, typer.Option("--account", help="Account id or name.")],
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
-    """Purge, now, what the account's forgotten, lapsed and failed memories left behind.
+    """Purge, now, what the account's forgotten, superseded, expired, lapsed and failed memories left behind.
 
     Their content hashes, metadata and index rows leave the database, and this host's
     index files are written anew without them (other hosts rebuild on their next query).

@@ -238,6 +238,16 @@ class Memory(Base):
     forgotten_at: Mapped[datetime | None]
     status_changed_at: Mapped[datetime]
     failure_reason: Mapped[str | None] = mapped_column(String(500))
+    # The memory this one corrects (a mem_ id, fixed at accept) and, on the corrected
+    # one, the memory that replaced it: set in the transaction that registers the new
+    # write, conditionally, so two racing corrections cannot both win (migration 0023).
+    supersedes: Mapped[str | None] = mapped_column(String(32))
+    superseded_by: Mapped[str | None] = mapped_column(String(32))
+    # When the memory stops mattering (it leaves recall and export at that instant),
+    # and the Walrus epoch holding that instant: its blob is kept paid up to the end of
+    # that epoch and no further (renewal caps at expires_epoch + 1).
+    expires_at: Mapped[datetime | None]
+    expires_epoch: Mapped[int | None] = mapped_column(Integer)
 
     __table_args__ = (
         Index(None, "account_id", "namespace", "status"),
@@ -248,8 +258,8 @@ class Memory(Base):
         Index(None, "blob_pk", "status", "blob_id", "share_micro"),
         Index(None, "status", "accepted_at"),
         Index(None, "account_id", "content_hash"),
-        # recall's visibility check (status, scope, dates, blob) off the index alone
-        # (migration 0018): at a million memories its rows are mostly on disk.
+        # recall's visibility check (status, scope, dates, blob, expiry) off the index alone
+        # (migrations 0018, 0023): at a million memories its rows are mostly on disk.
         Index(
             "ix_memories_visibility",
             "account_id",
@@ -259,9 +269,12 @@ class Memory(Base):
             "blob_pk",
             "stored_at",
             "accepted_at",
+            "expires_at",
         ),
         # Writing one memory's quilt lands its neighbours: find them by job.
         Index(None, "job_id"),
+        # The sweep finds memories whose expiry has passed (migration 0023).
+        Index(None, "expires_at"),
         # check_runway's summary: the smallest memory ids of one status, and their
         # blobs, off the index alone.
         Index(None, "account_id", "status", "id", "blob_pk"),

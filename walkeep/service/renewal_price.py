@@ -7,6 +7,7 @@ and captures), ``check_balance`` (what the balance funds), the console and the a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import func, select
@@ -93,6 +94,104 @@ def blob_renewal_cost_mc(blob: Any, shares: dict[int, int], epochs: int, price: 
     return pricing.renewal_cost_mc(blob.storage_size, epochs, price)
 
 
+@dataclass(frozen=True, slots=True)
+class Needs:
+    """How far a blob's kept members need it, when at least one of them expires.
+
+    ``cap``: the end epoch (exclusive) the last of them needs — None if any has no
+    expiry. ``patches``: per patch (identical copies are one patch), its fixed share
+    (millionths of a unit; 0 for a plain blob) and the end epoch it needs (None: no
+    limit)."""
+
+    cap: int | None
+    patches: tuple[tuple[int, int | None], ...]
+
+
+def blob_needs(
+    s: Session, blob_pks: list[int], statuses: tuple[MemoryStatus, ...]
+) -> dict[int, Needs]:
+    """``Needs`` of each of ``blob_pks`` holding a member in ``statuses`` that expires;
+    blobs none of whose members expire are absent (renewed and billed as always).
+
+    Two steps because expiries are the exception: one probe for the blobs that hold an
+    expiring member (usually none), then their members only."""
+    if not blob_pks:
+        return {}
+    in_statuses = Memory.status.in_(list(statuses))
+    pks = list(
+        s.scalars(
+            select(Memory.blob_pk)
+            .where(Memory.blob_pk.in_(blob_pks), in_statuses, Memory.expires_epoch.is_not(None))
+            .distinct()
+        )
+    )
+    if not pks:
+        return {}
+    per: dict[int, dict[str | None, tuple[int, int | None]]] = {}
+    rows = s.execute(
+        select(Memory.blob_pk, Memory.blob_id, Memory.share_micro, Memory.expires_epoch).where(
+            Memory.blob_pk.in_(pks), in_statuses
+        )
+    )
+    for pk, patch, share, expires_epoch in rows:
+        if pk is None:
+            continue
+        end = None if expires_epoch is None else lifecycle.expiry_end_epoch(expires_epoch)
+        patches = per.setdefault(int(pk), {})
+        prev = patches.get(patch)
+        if prev is not None:
+            end = None if prev[1] is None or end is None else max(prev[1], end)
+            share = max(prev[0], share or 0)
+        patches[patch] = (int(share or 0), end)
+    out: dict[int, Needs] = {}
+    for pk, patches in per.items():
+        ends = [end for _, end in patches.values()]
+        cap = None if any(e is None for e in ends) else max(e for e in ends if e is not None)
+        out[pk] = Needs(cap, tuple(patches.values()))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One blob's renewal: the epochs it is extended by and what the account pays, with
+    a quilt's kept and unbilled shares (None for a plain blob)."""
+
+    epochs: int
+    cost_mc: int
+    kept_micro: int | None = None
+    unbilled_micro: int | None = None
+
+
+def renewal_plan(
+    blob: Any, shares: dict[int, int], needs: Needs | None, epochs: int, price: int
+) -> Plan:
+    """Extend ``blob`` by at most ``epochs``, never past the last epoch a kept member
+    needs, and bill it by the one rule ``walkeep verify`` checks exactly.
+
+    A plain blob: its whole units for those epochs. A quilt whose kept members expire:
+    only the shares of members that still need it are kept (billed); the others' are
+    unbilled, Walkeep's cost, as a forgotten member's are. And it is extended only as
+    far as the *first* of the billed members stops needing it, so that every billed
+    share is billed for every epoch added (``kept × epochs``): a later renewal carries
+    on for those that need more. A member is thus never billed for an epoch past the
+    one holding its expiry, and the bill stays ``⌊kept × epochs × price⌋``."""
+    k = epochs
+    if needs is not None and needs.cap is not None:
+        k = max(0, min(epochs, needs.cap - blob.end_epoch))
+    if blob.kind != "quilt":
+        return Plan(k, pricing.renewal_cost_mc(blob.storage_size, k, price))
+    if needs is None:
+        kept, unbilled = quilt_split(blob, shares)
+        return Plan(k, pricing.share_renewal_cost_mc(kept, k, price), kept, unbilled)
+    billed = [
+        (share, k if end is None else max(0, min(k, end - blob.end_epoch)))
+        for share, end in needs.patches
+    ]
+    k = min((n for _, n in billed if n > 0), default=0)
+    kept, unbilled = quilt_split(blob, {blob.id: sum(sh for sh, n in billed if n > 0)})
+    return Plan(k, pricing.share_renewal_cost_mc(kept, k, price), kept, unbilled)
+
+
 def renewal_burn_mc_per_epoch(rt: Runtime, account_id: str) -> tuple[int, int | None]:
     """(cost of renewing every kept blob for one epoch, their shortest runway)."""
     current = rt.chain.current_epoch()
@@ -112,8 +211,10 @@ def renewal_burn_mc_per_epoch(rt: Runtime, account_id: str) -> tuple[int, int | 
     with rt.db.read() as s:
         blobs = list(s.execute(kept))
         shares = quilt_shares(s, [b.id for b in blobs if b.kind == "quilt"], KEPT)
+        needs = blob_needs(s, [b.id for b in blobs], KEPT)
     for b in blobs:
-        # A quilt costs the account only its members' shares (their real price).
-        burn += blob_renewal_cost_mc(b, shares, 1, price)
+        # A quilt costs the account only its members' shares (their real price), and a
+        # blob or share whose memories expire within its paid runway costs nothing more.
+        burn += renewal_plan(b, shares, needs.get(b.id), 1, price).cost_mc
         runways.append(lifecycle.runway(b.end_epoch, current))
     return burn, (min(runways) if runways else None)

@@ -40,6 +40,7 @@ from walkeep.db.models import Blob, Memory, Request, table
 from walkeep.errors import WalkeepError
 from walkeep.lifecycle import BlobStatus, MemoryStatus
 from walkeep.service.jobs import compaction
+from walkeep.service.leaving import supersede
 from walkeep.service.pipeline import (
     COMPACT_KEY_PREFIX,
     fail_attempt,
@@ -203,8 +204,16 @@ def _register_batch(
                 captures.setdefault(memory.account_id, []).append(
                     (hold_ref(memory.id, memory.attempt), f"stored {memory.id}")
                 )
-        for account_id in sorted(captures):
-            ledger.capture_holds(s, account_id, captures[account_id])
+        lost: dict[str, list[tuple[Memory, str]]] = {}
+        for memory, reason in batch.lost:
+            lost.setdefault(memory.account_id, []).append((memory, reason))
+        for account_id in sorted(captures.keys() | lost.keys()):
+            if account_id in captures:
+                ledger.capture_holds(s, account_id, captures[account_id])
+            for memory, reason in lost.get(account_id, []):
+                fail_attempt(
+                    s, memory, memory.attempt, reason, now, from_status=MemoryStatus.STORING
+                )
         if batch.done:
             s.execute(_REQUEST_DONE, batch.done)
     return results
@@ -254,6 +263,18 @@ def _register_in(  # type: ignore[no-untyped-def]
         # We already gave up on this attempt (deadline): the blob is an
         # orphan, never renewed; nothing is billed for it.
         return Outcome.SETTLED
+    if state.supersedes is not None and not supersede(
+        s, memory.account_id, state.supersedes, memory.id, now
+    ):
+        # Another correction of the same memory landed first (or it was forgotten or
+        # expired meanwhile): this one is released unbilled, and a replay of its
+        # request_id answers why (store re-checks the memory it corrects).
+        reason = f"the memory it supersedes ({state.supersedes}) is no longer in service"
+        if batch is None:
+            fail_attempt(s, memory, memory.attempt, reason, now, from_status=MemoryStatus.STORING)
+        else:
+            batch.lost.append((memory, reason))
+        return Outcome.FAILED
     public_id, share = st.public_id, st.share_micro
     key = (memory.account_id, memory.content_hash)
     if st.patch_id is not None:
@@ -304,6 +325,8 @@ class _Batch:
     blobs: dict[str, int] = field(default_factory=dict)
     landed: list[dict[str, object]] = field(default_factory=list)
     done: list[dict[str, object]] = field(default_factory=list)
+    # Corrections that lost their race, released with the captures, in account order.
+    lost: list[tuple[Memory, str]] = field(default_factory=list)
 
     @classmethod
     def read(cls, s, landed: list[tuple[Memory, JobStatus]]) -> _Batch:  # type: ignore[no-untyped-def]
@@ -333,10 +356,10 @@ def _capture(s, memory: Memory) -> None:  # type: ignore[no-untyped-def]
 
 # Built once: registration runs per landed write (see ledger.py on why that matters).
 _M, _B, _R = table(Memory), table(Blob), table(Request)
-_STATE = select(_M.c.status, _M.c.attempt, _M.c.forgotten_at).where(
+_STATE = select(_M.c.status, _M.c.attempt, _M.c.forgotten_at, _M.c.supersedes).where(
     _M.c.id == bindparam("p_memory")
 )
-_STATES = select(_M.c.id, _M.c.status, _M.c.attempt, _M.c.forgotten_at).where(
+_STATES = select(_M.c.id, _M.c.status, _M.c.attempt, _M.c.forgotten_at, _M.c.supersedes).where(
     _M.c.id.in_(bindparam("p_ids", expanding=True))
 )
 _LANDED = (

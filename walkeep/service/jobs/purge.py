@@ -1,7 +1,8 @@
 """Forget forgets: a memory that left service loses its derived data, and the index its rows.
 
-A memory leaves service when it is forgotten (``no-renew``), lapses (``expired``) or its
-write fails. Besides its receipt, the database held for it a keyed content hash, its
+A memory leaves service when it is forgotten or superseded (``no-renew``), when its
+``expires_at`` passes or its blob lapses (``expired``), or when its write fails
+(``walkeep/service/leaving.py`` says how). Besides its receipt, the database held for it a keyed content hash, its
 sealed metadata and its index rows (vectors, term hashes). :func:`purge` deletes them,
 and bumps the account's index generation so that every process on every host drops the
 index it built and builds the next one from the rows that are left; on this host it

@@ -83,9 +83,10 @@ from walkeep.service.pausing import Reach, resume_paused
 from walkeep.service.renewal_price import (
     ACTIVE_ONLY,
     KEPT,
-    blob_renewal_cost_mc,
+    Plan,
+    blob_needs,
     quilt_shares,
-    quilt_split,
+    renewal_plan,
 )
 from walkeep.service.runtime import Runtime
 
@@ -329,13 +330,15 @@ def resume_eligible(rt: Runtime) -> int:
             )
             blobs = {b.id: b for b in [*paused, *due_active]}
             shares = quilt_shares(s, [i for i, b in blobs.items() if b.kind == "quilt"], KEPT)
+            needs = blob_needs(s, list(blobs), KEPT)
             need = sum(
-                blob_renewal_cost_mc(
+                renewal_plan(
                     b,
                     shares,
+                    needs.get(b.id),
                     max(1, lifecycle.extension_epochs(b.end_epoch, current, target)),
                     price,
-                )
+                ).cost_mc
                 for b in blobs.values()
             )
             if ledger.balance(s, account_id).available_mc >= max(need, 1):
@@ -416,12 +419,20 @@ def _claim_batch(
         by_account: dict[str | None, list[tuple[_Due, int, int]]] = defaultdict(list)
         capped: list[int] = []
         shares = quilt_shares(s, [b.id for b in blobs if b.kind == "quilt"], ACTIVE_ONLY)
+        # Blobs holding active memories that expire: extended only as far as they are
+        # needed, and a quilt's shares billed only while their members need it.
+        needs = blob_needs(s, [b.id for b in blobs], ACTIVE_ONLY)
+        plans: dict[int, Plan] = {}
         for b in blobs:
             k = lifecycle.extension_epochs(b.end_epoch, current, target)
-            if k <= 0:
-                capped.append(b.id)  # nothing can be added (cap): look again next epoch
+            plan = renewal_plan(b, shares, needs.get(b.id), k, price)
+            if plan.epochs <= 0:
+                # Nothing can be added (Walrus's cap), or nothing is needed (every active
+                # member expires within the paid runway): look again next epoch.
+                capped.append(b.id)
                 continue
-            by_account[b.account_id].append((b, k, blob_renewal_cost_mc(b, shares, k, price)))
+            plans[b.id] = plan
+            by_account[b.account_id].append((b, plan.epochs, plan.cost_mc))
         if capped:
             next_epoch = now + timedelta(seconds=rt.chain.epoch_info().duration_seconds)
             s.execute(update(Blob).where(Blob.id.in_(capped)).values(renew_not_before=next_epoch))
@@ -511,7 +522,7 @@ def _claim_batch(
                     "new_end_epoch": blob.end_epoch + k,
                     "cost_mc": cost,
                     "hold_ref": _hold_ref(renewal_id, blob.account_id) if blob.account_id else None,
-                    **_item_shares(blob, shares),
+                    **_item_shares(blob, plans[blob.id]),
                 }
                 for blob, k, cost in funded
             ],
@@ -529,13 +540,12 @@ def _claim_batch(
         return _Claim(renewal_id, prepared, len(funded), cursor, top_up)
 
 
-def _item_shares(blob: _Due, shares: dict[int, int]) -> dict[str, int | None]:
+def _item_shares(blob: _Due, plan: Plan) -> dict[str, int | None]:
     """A quilt item's kept and unbilled shares — they sum to the quilt's apportioned
     shares, so ``walkeep verify`` checks its bill to the unit; None for a plain blob."""
     if blob.kind != "quilt":
         return {"share_micro": None, "unbilled_micro": None}
-    kept, unbilled = quilt_split(blob, shares)
-    return {"share_micro": kept, "unbilled_micro": unbilled}
+    return {"share_micro": plan.kept_micro, "unbilled_micro": plan.unbilled_micro}
 
 
 def _prepare_checked(

@@ -1,5 +1,9 @@
 """The sweep: what no other job cleans up.
 
+0. **Expired by date**: memories stored with an ``expires_at`` that has passed leave
+   service (``service/leaving.py``): ``expired``, their bytes out of the account's usage.
+   Recall and export stopped showing them at that instant already; this makes the
+   counts, renewal and the search index agree. No alert: the agent asked for it.
 1. **Lapsed**: a blob past its end epoch is gone on chain, and so are its memories:
    they become ``expired``, their bytes leave the account's usage, the blob is
    marked expired (memory rows first, then the account: the lock order of
@@ -31,6 +35,7 @@ from walkeep.db.models import Blob, LedgerEntry, Memory, Renewal, SignInAttempts
 from walkeep.lifecycle import BlobStatus, MemoryStatus
 from walkeep.service import alerts
 from walkeep.service.jobs import purge
+from walkeep.service.leaving import Why, leave
 from walkeep.service.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -42,6 +47,7 @@ ORPHAN_GRACE = timedelta(minutes=5)
 @dataclass
 class SweepReport:
     orphans: int = 0
+    expired_by_date: int = 0
     expired_memories: int = 0
     # Of those, memories that were paid for (active or paused, not forgotten).
     lapsed_paid_memories: int = 0
@@ -58,6 +64,13 @@ def sweep(rt: Runtime) -> SweepReport:
     now = rt.clock.now()
     current = rt.chain.current_epoch()
     threshold = rt.settings.renew_threshold_epochs
+
+    # 0. Expired by date — before the lapses, so that a memory whose expiry passed is
+    # never reported as lost when its blob (paid to the end of that epoch) lapses.
+    with rt.db.begin() as s:
+        report.expired_by_date = leave(
+            s, [Memory.expires_at.is_not(None), Memory.expires_at <= now], now, Why.EXPIRED
+        )
 
     # 1. Lapsed: a blob past its end_epoch is gone; so are its memories.
     with rt.db.begin() as s:

@@ -36,6 +36,7 @@ from walkeep.service import sealed
 from walkeep.service.namespaces import validate_namespace
 from walkeep.service.runtime import Runtime
 from walkeep.service.tools.schemas import ExportMemory, ExportResult, OwnershipProof
+from walkeep.service.tools.views import unexpired
 
 PAGE_MAX = 1000
 CURSOR_MAX_CHARS = 512
@@ -130,6 +131,7 @@ def export(
             Memory.account_id == account_id,
             Memory.status.in_(list(VISIBLE)),
             Blob.end_epoch > current,
+            unexpired(rt.clock.now()),
         )
         .order_by(Memory.stored_at, Memory.id)
         .limit(page_size + 1)
@@ -181,6 +183,8 @@ def export(
             quilt_id=b.blob_id if b.kind == "quilt" else None,
             stored_at=m.stored_at or m.accepted_at,
             metadata=sealed.open_metadata(rt, account_id, m.metadata_),
+            expires_at=m.expires_at,
+            supersedes=m.supersedes,
         )
         for m, b in page
     ]

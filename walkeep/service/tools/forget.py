@@ -24,13 +24,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from walkeep.backends.base import EpochInfo
 from walkeep.db.models import Blob, Memory, RenewalItem, Request
 from walkeep.lifecycle import MemoryStatus
+from walkeep.service.leaving import Why, leave
 from walkeep.service.runtime import Runtime
 from walkeep.service.tools import idempotency
 from walkeep.service.tools.schemas import ForgetResult
@@ -57,22 +58,16 @@ def forget(rt: Runtime, account_id: str, *, memory_id: str, request_id: str) -> 
             public = {m.blob_id for m, _ in rows if m.blob_id}
             ids_ = {m.id for m, _ in rows}
             # Every memory of this account with the same blob_id (identical content:
-            # one blob, or one quilt patch) stops renewing.
-            if public:
-                s.execute(
-                    update(Memory)
-                    .where(
-                        Memory.account_id == account_id,
-                        Memory.blob_id.in_(public),
-                        Memory.status.in_([MemoryStatus.ACTIVE, MemoryStatus.PAUSED]),
-                    )
-                    .values(status=MemoryStatus.NO_RENEW, forgotten_at=now, status_changed_at=now)
-                )
-            # A memory still being written is marked now and lands as no-renew.
-            s.execute(
-                update(Memory)
-                .where(Memory.id.in_(ids_), Memory.forgotten_at.is_(None))
-                .values(forgotten_at=now)
+            # one blob, or one quilt patch) stops renewing; one still being written is
+            # marked now and lands as no-renew (service/leaving.py).
+            leave(
+                s,
+                [
+                    Memory.account_id == account_id,
+                    or_(Memory.blob_id.in_(public), Memory.id.in_(ids_)),
+                ],
+                now,
+                Why.FORGOTTEN,
             )
             note = _note(_facts(rt, s, account_id, rows, public), info, now)
             result = ForgetResult(memory_id=memory_id, status="no-renew", note=note)

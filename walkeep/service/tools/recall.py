@@ -28,6 +28,7 @@ from walkeep.service import sealed
 from walkeep.service.namespaces import validate_namespace
 from walkeep.service.runtime import Runtime
 from walkeep.service.tools.schemas import RecallHit, RecallResult
+from walkeep.service.tools.views import unexpired
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +182,7 @@ def _newest_memories(
         namespace,
         blob_ids,
         current,
+        rt.clock.now(),
     ).order_by(func.coalesce(Memory.stored_at, Memory.accepted_at).desc(), Memory.id.desc())
     rows: dict[str, tuple[str, str, object]] = {}
     with rt.db.read() as s:
@@ -211,6 +213,7 @@ def _visible(
         namespace,
         blob_ids,
         current,
+        rt.clock.now(),
     ).group_by(Memory.blob_id)
     with rt.db.read() as s:
         return {row[0]: (row[1], row[2]) for row in s.execute(q)}
@@ -220,14 +223,21 @@ _Q = TypeVar("_Q", bound=Select[*tuple[Any, ...]])
 
 
 def _in_scope(
-    q: _Q, account_id: str, namespace: str | None, blob_ids: list[str], current: int
+    q: _Q,
+    account_id: str,
+    namespace: str | None,
+    blob_ids: list[str],
+    current: int,
+    now: datetime,
 ) -> _Q:
     """``q`` over the visible memories of ``blob_ids`` in this account and scope, on blobs
-    still paid for: what recall may show (invariants 6 and 7)."""
+    still paid for and not past their ``expires_at``: what recall may show (invariants 6
+    and 7)."""
     q = q.join(Blob, Blob.id == Memory.blob_pk).where(
         Memory.account_id == account_id,
         Memory.status.in_(list(VISIBLE)),
         Memory.blob_id.in_(blob_ids),
         Blob.end_epoch > current,
+        unexpired(now),
     )
     return q.where(Memory.namespace == namespace) if namespace is not None else q

@@ -274,6 +274,9 @@ def _view(rt: Runtime, m: Memory, b: Blob | None, current: int) -> RunwayMemory:
     status = m.status
     if b is not None and status in KEPT and b.end_epoch <= current:
         status = MemoryStatus.EXPIRED  # lapsed since the last sweep: say so now
+    expired = m.expires_at is not None and m.expires_at <= rt.clock.now()
+    if expired and status in (MemoryStatus.ACTIVE, MemoryStatus.PAUSED):
+        status = MemoryStatus.EXPIRED  # its expiry passed; the sweep marks it next
     if b is None:
         return RunwayMemory(
             memory_id=m.id,
@@ -284,8 +287,15 @@ def _view(rt: Runtime, m: Memory, b: Blob | None, current: int) -> RunwayMemory:
             renewals_performed=0,
             last_renewal_tx=None,
             next_renewal_epoch=None,
+            expires_at=m.expires_at,
+            supersedes=m.supersedes,
+            superseded_by=m.superseded_by,
         )
-    renewing = status == MemoryStatus.ACTIVE
+    # Renewed while active — and, for a memory that expires, only while its blob ends
+    # before the end of the epoch holding its expiry.
+    renewing = status == MemoryStatus.ACTIVE and (
+        m.expires_epoch is None or b.end_epoch < lifecycle.expiry_end_epoch(m.expires_epoch)
+    )
     return RunwayMemory(
         memory_id=m.id,
         status=status,  # type: ignore[arg-type]
@@ -300,4 +310,7 @@ def _view(rt: Runtime, m: Memory, b: Blob | None, current: int) -> RunwayMemory:
         if renewing
         else None,
         last_renewal_url=rt.chain.explorer_tx_url(b.last_renewal_tx) if b.last_renewal_tx else None,
+        expires_at=m.expires_at,
+        supersedes=m.supersedes,
+        superseded_by=m.superseded_by,
     )

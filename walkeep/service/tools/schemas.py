@@ -60,6 +60,19 @@ class RunwayMemory(_Out):
     last_renewal_url: str | None = Field(
         default=None, description="Explorer URL of last_renewal_tx."
     )
+    expires_at: datetime | None = Field(
+        default=None,
+        description="When this memory stops mattering (set by store): it leaves recall and "
+        'export at that instant and shows status "expired"; renewed only as far as needed.',
+    )
+    supersedes: str | None = Field(
+        default=None, description="The memory this one corrects (store's supersedes)."
+    )
+    superseded_by: str | None = Field(
+        default=None,
+        description="The memory that corrected this one: this one no longer renews and no "
+        "longer appears in recall or export.",
+    )
 
 
 class RunwaySummary(_Out):
@@ -136,6 +149,12 @@ class ExportMemory(_Out):
     # The quilt's own blob id when the memory is packed in a quilt (its blob_id is
     # then the patch id, and blob_object_id the quilt's Blob object).
     quilt_id: str | None = None
+    expires_at: datetime | None = Field(
+        default=None, description="When this memory stops mattering, if store was given one."
+    )
+    supersedes: str | None = Field(
+        default=None, description="The memory this one corrected, if any."
+    )
 
 
 class OwnershipProof(_Out):

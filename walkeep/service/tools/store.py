@@ -43,18 +43,19 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from sqlalchemy import CTE, bindparam, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from walkeep import ids, ledger, nowait, pricing, usage
+from walkeep import ids, ledger, lifecycle, nowait, pricing, usage
 from walkeep.db import Prepared, Tx, rowcount
 from walkeep.db.models import LedgerEntry, Memory, Request, WriteJob, table
 from walkeep.errors import (
     InsufficientBalance,
+    NotFound,
     QuotaExceeded,
     RelayerUnavailable,
     ValidationError,
@@ -68,6 +69,7 @@ from walkeep.service.runtime import Runtime
 from walkeep.service.tools import idempotency
 from walkeep.service.tools.schemas import StoreResult
 from walkeep.service.tools.topup import MIN_CENTS as TOPUP_MIN_CENTS
+from walkeep.service.tools.views import resolve
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +100,10 @@ class Claimed:
     deadline_at: datetime
     status_changed_at: datetime
     job_id: str | None = None
+    supersedes: str | None = None
+    expires_at: datetime | None = None
+    expires_epoch: int | None = None
+    epochs: int = 0  # the write's epochs, fixed at accept (0: the initial epochs)
 
 
 # A memory being accepted: just claimed, or a failed one retried (loaded, so ORM).
@@ -175,9 +181,14 @@ def store(
     request_id: str,
     namespace: str = "default",
     metadata: dict[str, str] | None = None,
+    supersedes: str | None = None,
+    expires_at: str | datetime | None = None,
 ) -> StoreResult:
     s = rt.settings
     idempotency.validate_request_id(request_id)
+    if supersedes is not None or expires_at is not None:
+        # Both read the registry or the chain before the claim: not on the event loop.
+        nowait.refuse("a store that supersedes or expires")
     if not isinstance(content, str) or not content.strip():
         raise ValidationError("content must be a non-empty string", {"field": "content"})
     size = len(content.encode("utf-8"))
@@ -188,7 +199,21 @@ def store(
         )
     namespace = validate_namespace(namespace)
     md = validate_metadata(rt, metadata)
-    fp = idempotency.fingerprint(rt, account_id, content=content, namespace=namespace, metadata=md)
+    bound = _bound(rt, expires_at)
+    # Only the arguments given: a store without them keeps the fingerprint it always had.
+    extra: dict[str, str] = {}
+    if supersedes is not None:
+        supersedes = ids.check_identifier(_text(supersedes, "supersedes"), "supersedes")
+        extra["supersedes"] = supersedes
+    if bound is not None:
+        extra["expires_at"] = bound.at.isoformat()
+    fp = idempotency.fingerprint(
+        rt, account_id, content=content, namespace=namespace, metadata=md, **extra
+    )
+    cost_mc = pricing.store_cost_for_epochs_mc(
+        size, s.store_price_mc_per_64kib, _epochs(rt, bound), s.initial_epochs
+    )
+    life = _Life(None, bound)
     # The row holds the namespace's token and the metadata sealed (walkeep/service/sealed.py);
     # the receipt names the namespace as the caller did.
     result = _store(
@@ -200,6 +225,9 @@ def store(
         fp,
         sealed.remember_namespace(rt, account_id, namespace),
         sealed.seal_metadata(rt, account_id, md),
+        cost_mc,
+        supersedes,
+        life,
     )
     return result.model_copy(update={"namespace": namespace})
 
@@ -213,16 +241,22 @@ def _store(
     fp: idempotency.Fingerprint,
     namespace: str,
     md: str,
+    cost_mc: int,
+    supersedes: str | None,
+    life: _Life,
 ) -> StoreResult:
-    s = rt.settings
-    cost_mc = pricing.store_cost_mc(size, s.store_price_mc_per_64kib)
-
     deadline = time.monotonic() + JOIN_WAIT_SECONDS
     # Optimistic: a new request_id is the common case, so claim first; the
     # UNIQUE constraint tells us (cheaply) when it is a replay instead.
     try:
-        claimed = _claim(rt, account_id, request_id, fp, namespace, md, size, content, cost_mc)
-    except RelayerUnavailable:
+        if supersedes is not None:
+            # NOT_FOUND / VALIDATION_ERROR before anything is written or billed — unless
+            # this is a replay, which answers as it did (below) whatever happened since.
+            life = _Life(supersede_target(rt, account_id, supersedes), life.bound)
+        claimed = _claim(
+            rt, account_id, request_id, fp, namespace, md, size, content, cost_mc, life
+        )
+    except (RelayerUnavailable, NotFound, ValidationError):
         # The backend is down — but a replay of a known request must still get
         # its original answer, which needs no backend.
         with rt.db.read() as sess:
@@ -253,6 +287,7 @@ def _store(
                 size,
                 content,
                 cost_mc,
+                life,
                 strict=tries >= CLAIM_TRIES,
             )
             if claimed is None:
@@ -278,6 +313,10 @@ def _store(
                 "nothing was written or charged again.",
             )
         if status == MemoryStatus.FAILED:
+            if memory.supersedes is not None:
+                # A correction that lost its race (or whose write failed): retried only
+                # if the memory it corrects is still in service, else that answer.
+                supersede_target(rt, account_id, memory.supersedes)
             retried = _reclaim_failed(rt, memory, fp, content, cost_mc)
             if retried is None:
                 continue
@@ -293,6 +332,135 @@ def _store(
         time.sleep(0.02)
 
 
+@dataclass(frozen=True, slots=True)
+class _Bound:
+    """A store's ``expires_at``: the instant, the epoch holding it, and the current epoch
+    when it was read (so the price and the write's epochs come from one reading)."""
+
+    at: datetime
+    epoch: int
+    current: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Life:
+    """What a store says about the memory's life beyond its content: the memory it
+    corrects (a resolved ``mem_`` id) and when it stops mattering."""
+
+    supersedes: str | None
+    bound: _Bound | None
+
+
+def _text(value: object, field: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValidationError(f"{field} must be a non-empty string", {"field": field})
+    return value.strip()
+
+
+def parse_expires_at(value: str | datetime) -> datetime:
+    """An RFC 3339 timestamp (with its offset) or a date, as an aware UTC instant. A date
+    means the end of that day UTC: the instant the next day begins."""
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise ValidationError(
+                "expires_at needs a time zone offset (e.g. 2027-01-31T18:00:00Z)",
+                {"field": "expires_at"},
+            )
+        return value.astimezone(UTC)
+    text = _text(value, "expires_at")
+    try:
+        if len(text) == 10:
+            return lifecycle.end_of_day(datetime.fromisoformat(text).replace(tzinfo=UTC))
+        if len(text) > 10 and text[10] in "Tt":  # RFC 3339 allows either case
+            at = datetime.fromisoformat(f"{text[:10]}T{text[11:]}".replace("z", "Z"))
+            if at.tzinfo is not None:
+                return at.astimezone(UTC)
+    except (ValueError, OverflowError):  # not a date, or past year 9999 once made UTC
+        pass
+    raise ValidationError(
+        "expires_at must be an RFC 3339 date (2027-01-31, meaning the end of that day UTC) "
+        "or timestamp with an offset (2027-01-31T18:00:00Z)",
+        {"field": "expires_at", "expires_at": text[:80]},
+    )
+
+
+def _bound(rt: Runtime, expires_at: str | datetime | None) -> _Bound | None:
+    """``expires_at`` checked (in the future) and placed in its epoch, or None."""
+    if expires_at is None:
+        return None
+    at = parse_expires_at(expires_at)
+    now = rt.clock.now()
+    if at <= now:
+        raise ValidationError(
+            "expires_at must be in the future",
+            {"field": "expires_at", "expires_at": at.isoformat(), "now": now.isoformat()},
+        )
+    info = rt.chain.epoch_info()
+    started = info.started_at or now
+    epoch = lifecycle.epoch_at(info.epoch, started, info.duration_seconds, at)
+    # An epoch beyond a 32-bit column is beyond any renewal anyone will run: stored as
+    # the largest, it caps nothing.
+    return _Bound(at, min(max(epoch, info.epoch), _MAX_EPOCH), info.epoch)
+
+
+_MAX_EPOCH = 2**31 - 2
+
+
+def _epochs(rt: Runtime, bound: _Bound | None) -> int:
+    """Epochs the new write buys (what the price counts)."""
+    initial = rt.settings.initial_epochs
+    if bound is None:
+        return initial
+    return lifecycle.epochs_needed(bound.current, bound.epoch, initial)
+
+
+def _write_epochs(rt: Runtime, memory: AnyMemory) -> int:
+    """Epochs to write a memory for: the initial epochs, or to the end of the epoch
+    holding its expiry if that comes first (a memory is never lost before it expires)."""
+    initial = rt.settings.initial_epochs
+    if memory.expires_epoch is None:
+        return initial
+    if isinstance(memory, Claimed) and memory.epochs:
+        return memory.epochs
+    return lifecycle.epochs_needed(rt.chain.current_epoch(), memory.expires_epoch, initial)
+
+
+def retired_state(m: Memory, now: datetime) -> str | None:
+    """Why a memory is out of service — superseded, forgotten or expired — or None."""
+    if m.superseded_by is not None:
+        return "superseded"
+    if m.forgotten_at is not None or m.status == MemoryStatus.NO_RENEW:
+        return "forgotten"
+    if m.status == MemoryStatus.EXPIRED or (m.expires_at is not None and m.expires_at <= now):
+        return "expired"
+    return None
+
+
+def supersede_target(rt: Runtime, account_id: str, ident: str) -> str:
+    """The memory a store corrects, by memory_id or blob_id (of identical copies, the
+    newest still in service): NOT_FOUND if none, VALIDATION_ERROR naming its state (and
+    its successor, if any) if it is already forgotten, superseded or expired."""
+    now = rt.clock.now()
+    with rt.db.read() as sess:
+        rows = resolve(sess, account_id, ident)
+    in_service = [m for m, _ in rows if retired_state(m, now) is None]
+    if in_service:
+        return in_service[-1].id
+    m = rows[-1][0]
+    state = retired_state(m, now)
+    data: dict[str, object] = {
+        "field": "supersedes",
+        "supersedes": ident,
+        "memory_id": m.id,
+        "state": state,
+    }
+    hint = ""
+    if m.superseded_by is not None:
+        data["superseded_by"] = m.superseded_by
+        hint = f" by {m.superseded_by}; supersede that one instead"
+    raise ValidationError(f"memory {m.id} is already {state}{hint}", data)
+
+
 def _claim(
     rt: Runtime,
     account_id: str,
@@ -303,6 +471,7 @@ def _claim(
     size: int,
     content: str,
     cost_mc: int,
+    life: _Life,
     *,
     strict: bool = False,
 ) -> tuple[Claimed, float] | None:
@@ -329,6 +498,10 @@ def _claim(
         accepted_at=now,
         deadline_at=now + timedelta(seconds=rt.settings.completion_deadline_seconds),
         status_changed_at=now,
+        supersedes=life.supersedes,
+        expires_at=life.bound.at if life.bound else None,
+        expires_epoch=life.bound.epoch if life.bound else None,
+        epochs=_epochs(rt, life.bound),
     )
     request = {
         "account_id": account_id,
@@ -401,9 +574,8 @@ def _claim_at_once(
     raises IntegrityError (a replay) and nothing is written either. On the event loop,
     claims that arrive while one is in flight share one transaction, in account order
     (``Database.run_together``); each still gets its own outcome."""
-    settings = rt.settings
     job = rt.relayer.job_row(  # type: ignore[attr-defined]
-        staged, idempotency_key=job_key(memory.id, 1), epochs=settings.initial_epochs
+        staged, idempotency_key=job_key(memory.id, 1), epochs=_write_epochs(rt, memory)
     )
     memory.job_id, memory.status = str(job["id"]), MemoryStatus.STORING
     params: dict[str, object] = {
@@ -473,6 +645,9 @@ def _row(m: Claimed) -> dict[str, object]:
 
 
 _MEMORY_COLUMNS = (
+    "supersedes",
+    "expires_at",
+    "expires_epoch",
     "id",
     "account_id",
     "namespace",
@@ -551,7 +726,7 @@ def _accept_in(
     if staged is None:
         return
     memory.job_id = rt.relayer.accept_staged(  # type: ignore[attr-defined]
-        sess, staged, idempotency_key=job_key(memory.id, attempt), epochs=rt.settings.initial_epochs
+        sess, staged, idempotency_key=job_key(memory.id, attempt), epochs=_write_epochs(rt, memory)
     )
     memory.status = MemoryStatus.STORING
 
@@ -582,7 +757,7 @@ def _accept(
             namespace=memory.namespace,
             content=content,
             idempotency_key=job_key(memory.id, attempt),
-            epochs=rt.settings.initial_epochs,
+            epochs=_write_epochs(rt, memory),
         )
     except WalkeepError as exc:
         _undo_claim(rt, memory, attempt, str(exc))

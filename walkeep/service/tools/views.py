@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, or_, select
 from sqlalchemy.orm import Session
 
 from walkeep import ids
@@ -42,6 +42,13 @@ def resolve(session: Session, account_id: str, ident: str) -> list[tuple[Memory,
             {"memory_id": ident, "hint": "list your memories with check_runway()"},
         )
     return rows
+
+
+def unexpired(now: datetime) -> ColumnElement[bool]:
+    """Memories whose ``expires_at`` (if any) is still ahead of ``now``: what recall and
+    export may show. An expiry hides a memory at the instant it names — not when the sweep
+    next marks it, nor when its blob lapses."""
+    return or_(Memory.expires_at.is_(None), Memory.expires_at > now)
 
 
 def approx_epoch_start(info: EpochInfo, epoch: int, now: datetime) -> datetime:
