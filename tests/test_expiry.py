@@ -19,7 +19,7 @@ from walkeep.db.models import Account, Blob, Memory, RenewalItem
 from walkeep.errors import ValidationError
 from walkeep.lifecycle import MemoryStatus
 from walkeep.service.jobs import renew, sweep
-from walkeep.service.operators import verify
+from walkeep.service.operators import console, verify
 from walkeep.service.runtime import Runtime
 from walkeep.service.tools import balance, export, recall, runway, store
 
@@ -212,8 +212,11 @@ def test_a_quilt_of_expiring_members_is_never_extended_past_the_last_epoch_neede
         renew.renew(rt)
         assert _blob(rt, one.memory_id).end_epoch <= c + 7
     assert _blob(rt, one.memory_id).end_epoch == c + 7
-    # Both expired before their quilt lapsed: nothing was lost, so nothing alerts.
+    # Both expired before their quilt lapsed: nothing was lost, so nothing alerts, and
+    # the operator console does not ask anyone to act on them.
     assert lapsed == 0
+    (row,) = [r for r in console.account_summaries(rt) if r.account_id == a]
+    assert row.lapsed == 0 and not row.needs_action
     assert {_mem(rt, m.memory_id).status for m in (one, two)} == {MemoryStatus.EXPIRED}
 
 

@@ -43,8 +43,8 @@ def _memory_row(account_id: str, memory_id: str) -> dict[str, object]:
         "accepted_at": at,
         "deadline_at": at + timedelta(hours=1),
         "status_changed_at": at,
-        "supersedes": None,
-        "expires_at": at + timedelta(days=3),
+        "supersedes": "mem_corrected",
+        "expires_at": at + timedelta(days=2),
         "expires_epoch": 7,
     }
 

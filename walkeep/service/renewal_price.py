@@ -175,14 +175,15 @@ def renewal_plan(
     share is billed for every epoch added (``kept × epochs``): a later renewal carries
     on for those that need more. A member is thus never billed for an epoch past the
     one holding its expiry, and the bill stays ``⌊kept × epochs × price⌋``."""
-    k = epochs
-    if needs is not None and needs.cap is not None:
-        k = max(0, min(epochs, needs.cap - blob.end_epoch))
+    if needs is None:  # no member expires: the rule as it always was
+        cost = blob_renewal_cost_mc(blob, shares, epochs, price)
+        if blob.kind != "quilt":
+            return Plan(epochs, cost)
+        kept, unbilled = quilt_split(blob, shares)
+        return Plan(epochs, cost, kept, unbilled)
+    k = epochs if needs.cap is None else max(0, min(epochs, needs.cap - blob.end_epoch))
     if blob.kind != "quilt":
         return Plan(k, pricing.renewal_cost_mc(blob.storage_size, k, price))
-    if needs is None:
-        kept, unbilled = quilt_split(blob, shares)
-        return Plan(k, pricing.share_renewal_cost_mc(kept, k, price), kept, unbilled)
     billed = [
         (share, k if end is None else max(0, min(k, end - blob.end_epoch)))
         for share, end in needs.patches

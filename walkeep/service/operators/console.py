@@ -142,7 +142,11 @@ def account_summaries(rt: Runtime, account_id: str | None = None) -> list[Accoun
         lapsed = (Blob.end_epoch <= current) & Memory.status.in_(
             [MemoryStatus.ACTIVE, MemoryStatus.PAUSED, MemoryStatus.NO_RENEW]
         )
-        forgotten = Memory.forgotten_at.is_not(None)
+        # Let go by choice: forgotten, or past the expiry it was stored with (an expiry is
+        # asked for; only a lapse needs an operator).
+        forgotten = Memory.forgotten_at.is_not(None) | (
+            Memory.expires_at.is_not(None) & (Memory.expires_at <= rt.clock.now())
+        )
         counts_q = (
             select(Memory.account_id, Memory.status, lapsed, forgotten, func.count())
             .outerjoin(Blob, Blob.id == Memory.blob_pk)

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -68,6 +68,13 @@ def forget(rt: Runtime, account_id: str, *, memory_id: str, request_id: str) -> 
                 ],
                 now,
                 Why.FORGOTTEN,
+            )
+            # Forgetting one that already lapsed acknowledges it (the console stops asking
+            # an operator to act on it): marked too, its status unchanged.
+            s.execute(
+                update(Memory)
+                .where(Memory.id.in_(ids_), Memory.forgotten_at.is_(None))
+                .values(forgotten_at=now)
             )
             note = _note(_facts(rt, s, account_id, rows, public), info, now)
             result = ForgetResult(memory_id=memory_id, status="no-renew", note=note)
