@@ -21,6 +21,7 @@ import binascii
 import contextlib
 import hashlib
 import hmac
+import json
 import logging
 import os
 import secrets
@@ -268,6 +269,14 @@ def keyed_token(key: bytes, label: bytes, data: bytes) -> str:
     accounts, and no guess confirmable without the key."""
     mac = hmac.new(key, label + b"\x00" + data, hashlib.sha256).hexdigest()
     return KEYED_DIGEST_PREFIX + mac[:31]
+
+
+def metadata_tag(key: bytes, name: str, value: str) -> str:
+    """The keyed token a metadata pair is matched by (``key`` is the account's digest key):
+    recall and export filter on ``name=value`` through these, never through the sealed
+    map. JSON keeps the pair unambiguous whatever characters either part holds."""
+    pair = json.dumps([name, value], ensure_ascii=False, separators=(",", ":"))
+    return keyed_token(key, b"metadata-tag", pair.encode("utf-8"))
 
 
 def field_cipher(master_key: bytes, account_id: str) -> AESSIV:

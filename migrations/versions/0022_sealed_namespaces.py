@@ -20,14 +20,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 
 import sqlalchemy as sa
 from alembic import op
 
 from walkeep import crypto
+from walkeep.db.migrate import migration_master_key
 from walkeep.db.models import UTCDateTime
-from walkeep.errors import ConfigurationError
 
 revision: str = "0022"
 down_revision: str | None = "0021"
@@ -38,19 +37,7 @@ _TABLES = ("memories", "embeddings", "write_jobs")
 
 
 def _master_key() -> bytes:
-    given = op.get_context().config.attributes.get("master_key")  # type: ignore[union-attr]
-    if isinstance(given, bytes):
-        return given
-    from walkeep.config import load_settings
-
-    settings = load_settings()
-    path = Path(settings.data_dir).expanduser() / crypto.MASTER_KEY_FILENAME
-    if settings.master_key is None and not path.exists():
-        raise ConfigurationError(
-            "migration 0022 seals stored namespaces and metadata and needs the master key "
-            f"that wrote them: set WALKEEP_MASTER_KEY or WALKEEP_DATA_DIR (no {path})"
-        )
-    return crypto.load_master_key(settings)
+    return migration_master_key("0022", "seals stored namespaces and metadata")
 
 
 def upgrade() -> None:

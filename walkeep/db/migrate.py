@@ -56,6 +56,31 @@ def downgrade(url: str, revision: str = "base", *, master_key: bytes | None = No
     command.downgrade(cfg, revision)
 
 
+def migration_master_key(revision: str, needs: str) -> bytes:
+    """The master key a migration seals or opens stored fields with (called inside one).
+
+    The one :func:`upgrade`/:func:`downgrade` was given, else the configured one; a
+    database with rows to rewrite and no master key to be found is refused, not guessed
+    at. ``needs`` says what for, in the error.
+    """
+    from alembic import op
+
+    from walkeep import crypto
+    from walkeep.config import load_settings
+
+    given = op.get_context().config.attributes.get("master_key")  # type: ignore[union-attr]
+    if isinstance(given, bytes):
+        return given
+    settings = load_settings()
+    path = Path(settings.data_dir).expanduser() / crypto.MASTER_KEY_FILENAME
+    if settings.master_key is None and not path.exists():
+        raise ConfigurationError(
+            f"migration {revision} {needs} and needs the master key that wrote them: "
+            f"set WALKEEP_MASTER_KEY or WALKEEP_DATA_DIR (no {path})"
+        )
+    return crypto.load_master_key(settings)
+
+
 def current_heads(url: str) -> set[str]:
     from alembic.runtime.migration import MigrationContext
 

@@ -281,7 +281,21 @@ class Memory(Base):
         # The search index learns which memories were forgotten, lapsed or revived
         # since it last looked (walkeep/index/search.py).
         Index(None, "account_id", "status_changed_at"),
+        # A filtered recall's candidate blobs by time, off the index alone (migration 0024).
+        Index("ix_memories_stored", "account_id", "stored_at", "status", "namespace", "blob_id"),
     )
+
+
+class MemoryTag(Base):
+    """One ``name=value`` pair of a memory's metadata, as its keyed token
+    (``crypto.metadata_tag``): what recall and export filter on, since the map itself is
+    sealed. Written with the memory at accept; deleted when its metadata is purged."""
+
+    __tablename__ = "memory_tags"
+
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), primary_key=True)
+    tag: Mapped[str] = mapped_column(String(32), primary_key=True)
+    memory_id: Mapped[str] = mapped_column(ForeignKey("memories.id"), primary_key=True)
 
 
 class MemoryCounts(Base):
