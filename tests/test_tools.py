@@ -12,7 +12,7 @@ from walkeep.backends.base import SearchHit
 from walkeep.db.models import Memory
 from walkeep.errors import NotFound, ValidationError
 from walkeep.protocol.quilt import is_patch_id
-from walkeep.service import sealed
+from walkeep.service import filters, sealed
 from walkeep.service.runtime import Runtime
 from walkeep.service.tools import balance, export, forget, recall, runway, store
 
@@ -233,17 +233,20 @@ def test_recall_checks_hits_in_rank_order_only_as_many_as_it_needs(
     asked: list[list[str]] = []
     real = recall._visible
 
-    def spy(rt_, account_id, namespace, blob_ids, current):  # type: ignore[no-untyped-def]
+    def spy(rt_, account_id, namespace, narrow, blob_ids, current):  # type: ignore[no-untyped-def]
         asked.append(list(blob_ids))
-        return real(rt_, account_id, namespace, blob_ids, current)
+        return real(rt_, account_id, namespace, narrow, blob_ids, current)
+
+    def ask(limit: int) -> recall._Ask:
+        return recall._Ask(rt, a, None, "kestrels", limit, 0.0, filters.Filters())
 
     monkeypatch.setattr(recall, "_visible", spy)
-    got = recall._showable(rt, a, None, hits, 3, 0.0)
+    got = recall._showable(ask(3), hits, True)
     assert [h.blob_id for h in got] == [blobs[1], blobs[3], blobs[4]]
     assert [h.score for h in got] == [0.9, 0.7, 0.6]
     assert asked == [blobs[:3], blobs[3:]]  # three first; then the rest, one more query
     asked.clear()
-    assert [h.blob_id for h in recall._showable(rt, a, None, hits[1:], 1, 0.0)] == [blobs[1]]
+    assert [h.blob_id for h in recall._showable(ask(1), hits[1:], True)] == [blobs[1]]
     assert asked == [blobs[1:2]]
 
 
@@ -269,7 +272,7 @@ def test_recall_checks_visibility_off_an_index_alone(
     event.listen(rt.db.engine, "before_cursor_execute", seen)
     try:
         for namespace in (None, sealed.namespace_token(rt, a, "birds")):
-            got = recall._visible(rt, a, namespace, blobs, rt.chain.current_epoch())
+            got = recall._visible(rt, a, namespace, filters.Filters(), blobs, rt.chain.current_epoch())
             assert set(got) == set(blobs)
     finally:
         event.remove(rt.db.engine, "before_cursor_execute", seen)

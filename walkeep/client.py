@@ -25,6 +25,7 @@ module are imported: no database, no model, no network engine.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 import uuid
@@ -117,8 +118,9 @@ def _rid(request_id: str | None) -> str:
 
 
 def _instant(value: str | datetime | date | None) -> str | None:
-    """``expires_at`` as RFC 3339 text: a date stays a date (the end of that day UTC, as
-    the server reads it); a datetime must carry its offset, which the server checks."""
+    """An instant as RFC 3339 text: a date stays a date (``expires_at``: the end of that
+    day UTC; ``after``/``before``: its start); a datetime must carry its offset, which
+    the server checks."""
     if value is None or isinstance(value, str):
         return value
     return value.isoformat()
@@ -126,6 +128,49 @@ def _instant(value: str | datetime | date | None) -> str | None:
 
 def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if v is not None}
+
+
+def _recall_body(
+    query: str,
+    namespace: str | None,
+    limit: int,
+    min_score: float | None,
+    after: datetime | date | str | None,
+    before: datetime | date | str | None,
+    metadata: dict[str, str] | None,
+) -> dict[str, Any]:
+    return _drop_none(
+        {
+            "query": query,
+            "namespace": namespace,
+            "limit": limit,
+            "min_score": min_score,
+            "after": _instant(after),
+            "before": _instant(before),
+            "metadata": metadata,
+        }
+    )
+
+
+def _export_params(
+    namespace: str | None,
+    cursor: str | None,
+    limit: int | None,
+    after: datetime | date | str | None,
+    before: datetime | date | str | None,
+    metadata: dict[str, str] | None,
+) -> dict[str, Any]:
+    return _drop_none(
+        {
+            "namespace": namespace,
+            "cursor": cursor,
+            "limit": limit,
+            "after": _instant(after),
+            "before": _instant(before),
+            # A JSON object in one query parameter (the REST route parses it).
+            "metadata": json.dumps(metadata, separators=(",", ":")) if metadata else None,
+        }
+    )
 
 
 class WalkeepClient:
@@ -173,8 +218,19 @@ class WalkeepClient:
         )
         return _parse(self._http.post("/v1/store", json=body), StoreResult)
 
-    def recall(self, query: str, namespace: str | None = None, limit: int = 5) -> RecallResult:
-        body = _drop_none({"query": query, "namespace": namespace, "limit": limit})
+    def recall(
+        self,
+        query: str,
+        namespace: str | None = None,
+        limit: int = 5,
+        *,
+        min_score: float | None = None,
+        after: datetime | date | str | None = None,
+        before: datetime | date | str | None = None,
+        metadata: dict[str, str] | None = None,
+    ) -> RecallResult:
+        """The best ``limit`` matches; ``after``/``before``/``metadata`` narrow them."""
+        body = _recall_body(query, namespace, limit, min_score, after, before, metadata)
         return _parse(self._http.post("/v1/recall", json=body), RecallResult)
 
     def check_runway(self, memory_id: str | None = None) -> RunwayResult:
@@ -202,19 +258,35 @@ class WalkeepClient:
         return _parse(self._http.post("/v1/forget", json=body), ForgetResult)
 
     def export(
-        self, namespace: str | None = None, cursor: str | None = None, limit: int | None = None
+        self,
+        namespace: str | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+        *,
+        after: datetime | date | str | None = None,
+        before: datetime | date | str | None = None,
+        metadata: dict[str, str] | None = None,
     ) -> ExportResult:
-        """One page; while ``next_cursor`` is set, pass it as ``cursor`` (same namespace)."""
-        params = _drop_none({"namespace": namespace, "cursor": cursor, "limit": limit})
+        """One page; while ``next_cursor`` is set, pass it as ``cursor`` (same namespace
+        and filters)."""
+        params = _export_params(namespace, cursor, limit, after, before, metadata)
         return _parse(self._http.get("/v1/export", params=params), ExportResult)
 
     def export_all(
-        self, namespace: str | None = None, limit: int | None = None
+        self,
+        namespace: str | None = None,
+        limit: int | None = None,
+        *,
+        after: datetime | date | str | None = None,
+        before: datetime | date | str | None = None,
+        metadata: dict[str, str] | None = None,
     ) -> Iterator[ExportMemory]:
         """Every exported memory, page after page (``limit`` per page)."""
         cursor = None
         while True:
-            page = self.export(namespace, cursor=cursor, limit=limit)
+            page = self.export(
+                namespace, cursor=cursor, limit=limit, after=after, before=before, metadata=metadata
+            )
             yield from page.memories
             if not page.next_cursor:
                 return
@@ -280,9 +352,17 @@ class AsyncWalkeepClient:
         return _parse(await self._http.post("/v1/store", json=body), StoreResult)
 
     async def recall(
-        self, query: str, namespace: str | None = None, limit: int = 5
+        self,
+        query: str,
+        namespace: str | None = None,
+        limit: int = 5,
+        *,
+        min_score: float | None = None,
+        after: datetime | date | str | None = None,
+        before: datetime | date | str | None = None,
+        metadata: dict[str, str] | None = None,
     ) -> RecallResult:
-        body = _drop_none({"query": query, "namespace": namespace, "limit": limit})
+        body = _recall_body(query, namespace, limit, min_score, after, before, metadata)
         return _parse(await self._http.post("/v1/recall", json=body), RecallResult)
 
     async def check_runway(self, memory_id: str | None = None) -> RunwayResult:
@@ -310,17 +390,32 @@ class AsyncWalkeepClient:
         return _parse(await self._http.post("/v1/forget", json=body), ForgetResult)
 
     async def export(
-        self, namespace: str | None = None, cursor: str | None = None, limit: int | None = None
+        self,
+        namespace: str | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+        *,
+        after: datetime | date | str | None = None,
+        before: datetime | date | str | None = None,
+        metadata: dict[str, str] | None = None,
     ) -> ExportResult:
-        params = _drop_none({"namespace": namespace, "cursor": cursor, "limit": limit})
+        params = _export_params(namespace, cursor, limit, after, before, metadata)
         return _parse(await self._http.get("/v1/export", params=params), ExportResult)
 
     async def export_all(
-        self, namespace: str | None = None, limit: int | None = None
+        self,
+        namespace: str | None = None,
+        limit: int | None = None,
+        *,
+        after: datetime | date | str | None = None,
+        before: datetime | date | str | None = None,
+        metadata: dict[str, str] | None = None,
     ) -> AsyncIterator[ExportMemory]:
         cursor = None
         while True:
-            page = await self.export(namespace, cursor=cursor, limit=limit)
+            page = await self.export(
+                namespace, cursor=cursor, limit=limit, after=after, before=before, metadata=metadata
+            )
             for memory in page.memories:
                 yield memory
             if not page.next_cursor:

@@ -6,6 +6,7 @@ envelope ``{code, message, data}`` with a fitting HTTP status.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Annotated, Any
@@ -134,6 +135,16 @@ MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=64, patt
 MetadataValue = Annotated[str, StringConstraints(max_length=1024, pattern=NO_NUL)]
 
 
+_AFTER = (
+    "Only memories stored at or after this instant: RFC 3339 timestamp with offset, or a "
+    "date (the start of that day UTC)."
+)
+_BEFORE = "Only memories stored before this instant (exclusive); same forms as after."
+_METADATA_FILTER = (
+    "Only memories whose metadata has every one of these keys with exactly this value."
+)
+
+
 class StoreIn(_In):
     content: str = Field(
         min_length=1,
@@ -175,6 +186,15 @@ class RecallIn(_In):
     limit: int = Field(default=5, ge=1, le=50)
     min_score: float = Field(
         default=0.0, ge=0, le=1, description="Leave out results scoring below this (0-1)."
+    )
+    after: str | None = Field(
+        default=None, min_length=1, max_length=64, pattern=RFC3339, description=_AFTER
+    )
+    before: str | None = Field(
+        default=None, min_length=1, max_length=64, pattern=RFC3339, description=_BEFORE
+    )
+    metadata: dict[MetadataKey, MetadataValue] | None = Field(
+        default=None, max_length=32, description=_METADATA_FILTER
     )
 
 
@@ -225,6 +245,9 @@ async def recall_route(body: RecallIn, who: Auth, rt: Rt) -> RecallResult:
         namespace=body.namespace or who.default_namespace,
         limit=body.limit,
         min_score=body.min_score,
+        after=body.after,
+        before=body.before,
+        metadata=body.metadata,
     )
 
 
@@ -277,10 +300,26 @@ async def export_route(
     ] = None,
     cursor: Annotated[str | None, Query(min_length=1, max_length=export.CURSOR_MAX_CHARS)] = None,
     limit: Annotated[int | None, Query(ge=1, le=export.PAGE_MAX)] = None,
+    after: Annotated[
+        str | None, Query(min_length=1, max_length=64, pattern=RFC3339, description=_AFTER)
+    ] = None,
+    before: Annotated[
+        str | None, Query(min_length=1, max_length=64, pattern=RFC3339, description=_BEFORE)
+    ] = None,
+    metadata: Annotated[
+        str | None,
+        Query(
+            min_length=2,
+            max_length=40_000,
+            description=f"{_METADATA_FILTER} A JSON object, e.g. "
+            '{"project":"apollo"} (URL-encoded).',
+        ),
+    ] = None,
 ) -> ExportResult:
     """Without ``namespace``: the key's default namespace, else every namespace. While
-    ``next_cursor`` is set, call again with ``cursor=<next_cursor>`` for the next page.
-    Like recall, forgotten and lapsed memories are omitted (check_runway lists them)."""
+    ``next_cursor`` is set, call again with ``cursor=<next_cursor>`` (and the same
+    filters) for the next page. Like recall, forgotten and lapsed memories are omitted
+    (check_runway lists them)."""
     return await call(  # type: ignore[no-any-return]
         rt,
         who,
@@ -289,4 +328,21 @@ async def export_route(
         namespace=namespace or who.default_namespace,
         cursor=cursor,
         limit=limit,
+        after=after,
+        before=before,
+        metadata=_json_map(metadata),
     )
+
+
+def _json_map(text: str | None) -> object:
+    """A query parameter holding a JSON object (export's metadata filter); the service
+    checks what it holds, so this only refuses what is not JSON."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise ValidationError(
+            'metadata must be a JSON object of strings, e.g. {"project":"apollo"}',
+            {"field": "metadata"},
+        ) from None

@@ -22,7 +22,7 @@ chain-specific errors below.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -354,8 +354,17 @@ class Relayer(Protocol):
         ...
 
     def search(
-        self, account_id: str, namespace: str | None, query: str, limit: int
-    ) -> list[SearchHit]: ...
+        self,
+        account_id: str,
+        namespace: str | None,
+        query: str,
+        limit: int,
+        only: Collection[str] | None = None,
+    ) -> list[SearchHit]:
+        """Up to ``limit`` hits, best first. ``only``: rank just these blobs (a filtered
+        recall's candidates); a backend that cannot narrow its search ignores it, and
+        recall checks every hit against the filter regardless."""
+        ...
 
     def list_contents(
         self, account_id: str, namespace: str | None, blob_ids: Iterable[str]

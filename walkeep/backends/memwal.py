@@ -72,7 +72,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, Literal
 from urllib.parse import quote
 
@@ -650,9 +650,18 @@ class MemWalRelayer:
         return {}
 
     def search(
-        self, account_id: str, namespace: str | None, query: str, limit: int
+        self,
+        account_id: str,
+        namespace: str | None,
+        query: str,
+        limit: int,
+        only: Collection[str] | None = None,
     ) -> list[SearchHit]:
         """Signed ``POST /api/recall`` in the account's (scoped) namespace.
+
+        ``only`` is not sent: the relayer's recall cannot be narrowed to given blobs, so a
+        filtered recall keeps those of its hits that match (the relayer returns at most
+        ``RECALL_MAX_LIMIT``).
 
         ``score`` is the relayer's ``score`` when it sends one (only with composite
         weights), else ``1 - distance`` (cosine distance), so higher is better

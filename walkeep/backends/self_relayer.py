@@ -43,7 +43,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -866,11 +866,16 @@ class SelfRelayer:
             return self._cached_bytes
 
     def search(
-        self, account_id: str, namespace: str | None, query: str, limit: int
+        self,
+        account_id: str,
+        namespace: str | None,
+        query: str,
+        limit: int,
+        only: Collection[str] | None = None,
     ) -> list[SearchHit]:
         return [
             SearchHit(blob_id=b, score=score)
-            for b, score in self.index.search(account_id, namespace, query, limit)
+            for b, score in self.index.search(account_id, namespace, query, limit, only)
         ]
 
     def list_contents(

@@ -770,6 +770,22 @@ def insert_if_absent(
     return session.execute(ignoring).scalar_one_or_none()
 
 
+def insert_all_absent(
+    session: Session, table: Table, rows: Sequence[Mapping[str, Any]], key: Sequence[str]
+) -> None:
+    """:func:`insert_if_absent` for many rows at once (one executemany), returning nothing."""
+    from sqlalchemy.dialects.postgresql import insert as pg_insert
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    if not rows:
+        return
+    pg = session.get_bind().dialect.name == "postgresql"
+    stmt = (pg_insert if pg else sqlite_insert)(table).on_conflict_do_nothing(
+        index_elements=list(key)
+    )
+    session.execute(stmt, list(rows))
+
+
 def insert_rows(session: Session, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
     """Insert plain rows (every row with the same keys) in one statement.
 

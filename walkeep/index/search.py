@@ -50,7 +50,7 @@ import os
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -154,9 +154,15 @@ class SearchIndex:
     # -- searching --------------------------------------------------------------------
 
     def search(
-        self, account_id: str, namespace: str | None, query: str, limit: int
+        self,
+        account_id: str,
+        namespace: str | None,
+        query: str,
+        limit: int,
+        only: Collection[str] | None = None,
     ) -> list[tuple[str, float]]:
-        """Up to ``limit`` (blob_id, score) of live memories' blobs, best first."""
+        """Up to ``limit`` (blob_id, score) of live memories' blobs, best first; with
+        ``only``, of those blobs alone (scores as without it)."""
         if limit <= 0:
             return []
         ranking = self.ranking
@@ -169,7 +175,7 @@ class SearchIndex:
         qvec = _embed_aside(self.embedder, query) if ranking != "lexical" else None
         tried: list[Shard] = []
         try:
-            return self._search(account_id, namespace, qvec, qterms, limit, tried)
+            return self._search(account_id, namespace, qvec, qterms, limit, tried, only)
         except _EmbeddingFailed as exc:
             raise exc.cause from None  # the model's failure, not the index's
         except (SQLAlchemyError, WalkeepError, WouldWait, MemoryError):
@@ -183,7 +189,7 @@ class SearchIndex:
                 "search_failed",
                 f"a search raised {type(exc).__name__}: {exc}",
             )
-            return self._search(account_id, namespace, qvec, qterms, limit, [])
+            return self._search(account_id, namespace, qvec, qterms, limit, [], only)
 
     def _search(
         self,
@@ -193,12 +199,13 @@ class SearchIndex:
         qterms: np.ndarray | None,
         limit: int,
         tried: list[Shard],
+        only: Collection[str] | None,
     ) -> list[tuple[str, float]]:
         ranking = self.ranking
         shard = self.shard(account_id)
         tried.append(shard)
         with shard.lock:
-            hits = shard.search(qvec, qterms, namespace, limit, ranking)
+            hits = shard.search(qvec, qterms, namespace, limit, ranking, only)
             upto = shard.max_id
             blind = not hits and shard.live_rows(namespace) == 0
         if not blind or not self._db_has_visible(account_id, namespace, upto):
@@ -209,7 +216,7 @@ class SearchIndex:
         log.info("search index of %s saw nothing the database has: re-checking it", account_id)
         with shard.lock:
             self._recheck(account_id, shard)
-            hits = shard.search(qvec, qterms, namespace, limit, ranking)
+            hits = shard.search(qvec, qterms, namespace, limit, ranking, only)
             blind = not hits and shard.live_rows(namespace) == 0
         if not blind or shard.from_rows:
             if blind:  # built from the rows just now: the check, not the shard, is wrong
@@ -217,7 +224,7 @@ class SearchIndex:
             return hits
         shard = self._replace(account_id, shard, "contradicted", "it saw no memory in scope")
         with shard.lock:
-            return shard.search(qvec, qterms, namespace, limit, ranking)
+            return shard.search(qvec, qterms, namespace, limit, ranking, only)
 
     def shard(self, account_id: str, *, merging: bool = False) -> Shard:
         """The account's shard, brought up to date with the database."""

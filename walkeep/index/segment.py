@@ -208,6 +208,19 @@ class Segment:
             return int(self.blob_sorted[i])
         return None
 
+    def blob_codes(self, blob_ids: list[str]) -> np.ndarray:
+        """The codes of those of ``blob_ids`` the segment holds (one vectorised lookup: a
+        filtered recall may name thousands)."""
+        if not blob_ids or not len(self.blob_keys):
+            return np.zeros(0, dtype=np.int64)
+        keys = np.array(
+            [b.encode("ascii", "replace") for b in blob_ids], dtype=self.blob_keys.dtype
+        )
+        i = np.searchsorted(self.blob_keys, keys)
+        i = np.minimum(i, len(self.blob_keys) - 1)
+        found = self.blob_keys[i] == keys
+        return np.asarray(self.blob_sorted[i[found]], dtype=np.int64)
+
     def release(self) -> None:
         """Unmap the pages queries touched in the arrays they read at random.
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -50,6 +50,19 @@ class _Scope:
     live_rows: int
     avg_len: float
     all_ok: bool = False  # every row is in scope (no dead blob, no namespace filter)
+    # A filter's rows (a subset of ``ok``): the only rows the query may return. BM25's
+    # statistics stay those of ``ok``, so a memory scores the same filtered or not, and
+    # ``seg_rows`` lists the segment's rows the filter keeps.
+    keep: np.ndarray | None = None
+
+    @property
+    def allowed(self) -> np.ndarray:
+        """The rows a query may return."""
+        return self.ok if self.keep is None else self.keep
+
+    @property
+    def candidates(self) -> int:
+        return self.live_rows if self.keep is None else int(self.keep.sum())
 
 
 class _Once:
@@ -354,6 +367,30 @@ class Shard:
         self._cache[key] = scope
         return scope
 
+    def _narrowed(self, scope: _Scope, only: Collection[str]) -> _Scope | None:
+        """``scope`` kept to the rows of the blobs in ``only`` (None if none is in it).
+
+        Built per query, not cached: the blobs a filter keeps change with every store.
+        A bool per blob, then per row: ~1 ms at 100,000 rows."""
+        blobs = np.zeros(len(self.dead), dtype=bool)
+        wanted = list(only)
+        if self.segment is not None:
+            blobs[self.segment.blob_codes(wanted)] = True
+        for blob_id in wanted:
+            c = self.new_codes.get(blob_id)
+            if c is not None:
+                blobs[c] = True
+        n = self.n_seg
+        keep = np.empty(len(scope.ok), dtype=bool)
+        if self.segment is not None and n:
+            keep[:n] = blobs[self.segment.row_blob]
+        if self.n_delta:
+            keep[n:] = blobs[self._delta_arrays()[0]]
+        keep &= scope.ok
+        if not keep.any():
+            return None
+        return replace(scope, keep=keep, seg_rows=np.flatnonzero(keep[:n]), all_ok=False)
+
     # -- searching -------------------------------------------------------------------
 
     def live_rows(self, namespace: str | None) -> int:
@@ -368,9 +405,13 @@ class Shard:
         namespace: str | None,
         limit: int,
         ranking: rk.Ranking,
+        only: Collection[str] | None = None,
     ) -> list[tuple[str, float]]:
-        """The ``limit`` best live blobs in scope, best first, with scores in [0, 1]."""
+        """The ``limit`` best live blobs in scope, best first, with scores in [0, 1];
+        with ``only``, the best of those blobs alone (a filtered recall's candidates)."""
         scope = self._scope(namespace)
+        if scope is not None and only is not None:
+            scope = self._narrowed(scope, only)
         if scope is None or limit <= 0:
             return []
         # A memory of many chunks holds many rows: if the best rows name fewer than
@@ -381,9 +422,9 @@ class Shard:
         vector = _Once(qvec) if qvec is not None else None
         while True:
             ranked = self._ranked(vector, qterms, scope, want, ranking)
-            if len(ranked) >= limit or want >= scope.live_rows:
+            if len(ranked) >= limit or want >= scope.candidates:
                 break
-            want = min(want * 4, scope.live_rows)
+            want = min(want * 4, scope.candidates)
         out = [(self.blob_id(code), score) for code, score in ranked[:limit]]
         if self.segment is not None:
             self.segment.release()
@@ -451,7 +492,7 @@ class Shard:
         n = self.n_seg
         if self.n_delta:
             vecs = self._delta_arrays()[3]
-            ok = scope.ok[n:]
+            ok = scope.allowed[n:]
             s = np.einsum("ij,j->i", vecs, qvec.astype(np.float32, copy=False))
             s = np.where(ok, s, -np.inf)
             k = min(want, len(s))
@@ -480,7 +521,7 @@ class Shard:
             if len(keys) and (int(keys.min()) < 0 or int(keys.max()) >= seg.n):
                 raise SegmentInvalid("the graph named a row the segment does not have")
             dist = np.asarray(m.distances, dtype=np.float64)
-            ok = scope.ok[keys]
+            ok = scope.allowed[keys]
             if ok.sum() >= min(want, in_scope) or count >= seg.n:
                 return keys[ok][:want], 1.0 - dist[ok][:want]
         # Exact: over all rows, or over the scope's rows gathered.
@@ -558,6 +599,9 @@ class Shard:
             # three is a third of the query, however rare the other two are.
             idf = float(rk.idf(len(rows), scope.live_rows))
             idfs.append(idf)
+            if len(rows) and scope.keep is not None:
+                kept_rows = scope.keep[rows]
+                rows, tfs = rows[kept_rows], tfs[kept_rows]
             if len(rows):
                 parts.append((rows, tfs, idf))
         if not parts:

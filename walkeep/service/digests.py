@@ -63,6 +63,11 @@ def _key(rt: Runtime, account_id: str) -> bytes:
     return key
 
 
+def digest_key_of(rt: Runtime, account_id: str) -> bytes:
+    """The account's digest key (for tokens computed in bulk: metadata tags)."""
+    return _key(rt, account_id)
+
+
 def master_key(rt: Runtime) -> bytes:
     """The master key this runtime holds (for keys derived from it per account)."""
     return _key(rt, "")  # the "" entry is the master key itself (see ``prime``)

@@ -11,7 +11,9 @@ such as an email says as much as the content. So:
   files, the relayer's jobs) sees only tokens. The name itself is kept once per account
   and token, sealed, in ``namespace_names``, so that the tools can show it again.
 * **metadata** is stored as one sealed string (AES-SIV under the account's field key)
-  in the ``metadata`` JSON column; readers open it with :func:`open_metadata`.
+  in the ``metadata`` JSON column; readers open it with :func:`open_metadata`. Each
+  ``name=value`` pair is also a keyed token in ``memory_tags`` (:func:`metadata_tags`),
+  which is what recall's and export's ``metadata`` filter matches.
 
 Both keys derive from the master key and the account id (like the digest key), so a
 store seals before any data key is loaded, on the event loop, without a wait.
@@ -130,3 +132,9 @@ def open_metadata(rt: Runtime, account_id: str, stored: object) -> dict[str, str
     data = crypto.open_field(_cipher(rt, account_id), stored, context=_METADATA)
     loaded = json.loads(data)
     return {str(k): str(v) for k, v in loaded.items()}
+
+
+def metadata_tags(rt: Runtime, account_id: str, metadata: dict[str, str]) -> list[str]:
+    """The keyed token of each ``name=value`` pair (``crypto.metadata_tag``), sorted."""
+    key = digests.digest_key_of(rt, account_id)
+    return sorted({crypto.metadata_tag(key, k, v) for k, v in metadata.items()})

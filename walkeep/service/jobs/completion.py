@@ -36,9 +36,11 @@ from sqlalchemy import bindparam, select, update
 
 from walkeep import ledger
 from walkeep.backends.base import JobState, JobStatus
-from walkeep.db.models import Blob, Memory, Request, table
+from walkeep.db import insert_all_absent
+from walkeep.db.models import Blob, Memory, MemoryTag, Request, table
 from walkeep.errors import WalkeepError
 from walkeep.lifecycle import BlobStatus, MemoryStatus
+from walkeep.service import sealed
 from walkeep.service.jobs import compaction
 from walkeep.service.leaving import supersede
 from walkeep.service.pipeline import (
@@ -191,6 +193,7 @@ def _register_batch(
         results = [(m, _register_in(rt, s, m, st, now, batch=batch)) for m, st in landed]
         if batch.landed:
             s.execute(_LANDED, batch.landed)
+            insert_all_absent(s, _T, batch.tags, _TAG_KEY)
         # Captures late, together, one account at a time (in a fixed order): they take the
         # account's row lock (PostgreSQL), which is held to commit and which every store
         # of the account waits for. LOCK ORDER: accounts before requests, as in a store's
@@ -299,12 +302,15 @@ def _register_in(  # type: ignore[no-untyped-def]
         "p_now": now,
     }
     done = {"p_account": memory.account_id, "p_memory": memory.id, "p_now": now}
+    tags = _tags(rt, memory)
     if batch is None:  # one by one: captured here, in _register_batch's lock order
         s.execute(_LANDED, landed)
+        insert_all_absent(s, _T, tags, _TAG_KEY)
         _capture(s, memory)
         s.execute(_REQUEST_DONE, done)
         return Outcome.LANDED
     batch.landed.append(landed)
+    batch.tags.extend(tags)
     batch.done.append(done)
     if st.patch_id is not None and share is not None and status == MemoryStatus.ACTIVE:
         batch.kept.setdefault(key, (blob_pk, public_id, share))  # a later identical member
@@ -324,6 +330,7 @@ class _Batch:
     kept: dict[tuple[str, str], tuple[int, str, int]]
     blobs: dict[str, int] = field(default_factory=dict)
     landed: list[dict[str, object]] = field(default_factory=list)
+    tags: list[dict[str, str]] = field(default_factory=list)
     done: list[dict[str, object]] = field(default_factory=list)
     # Corrections that lost their race, released with the captures, in account order.
     lost: list[tuple[Memory, str]] = field(default_factory=list)
@@ -346,6 +353,16 @@ class _Batch:
         return cls(states, kept)
 
 
+def _tags(rt: Runtime, memory: Memory) -> list[dict[str, str]]:
+    """The memory's ``memory_tags`` rows: written as it lands (the filters see only landed
+    memories), off the store's accept path; a retried landing inserts none twice."""
+    md = sealed.open_metadata(rt, memory.account_id, memory.metadata_)
+    return [
+        {"account_id": memory.account_id, "tag": tag, "memory_id": memory.id}
+        for tag in sealed.metadata_tags(rt, memory.account_id, md)
+    ]
+
+
 def _capture(s, memory: Memory) -> None:  # type: ignore[no-untyped-def]
     """Bill a registered write. A hold released meanwhile (the deadline passed)
     raises LedgerConflict, rolling the registration back with it."""
@@ -355,7 +372,8 @@ def _capture(s, memory: Memory) -> None:  # type: ignore[no-untyped-def]
 
 
 # Built once: registration runs per landed write (see ledger.py on why that matters).
-_M, _B, _R = table(Memory), table(Blob), table(Request)
+_M, _B, _R, _T = table(Memory), table(Blob), table(Request), table(MemoryTag)
+_TAG_KEY = ("account_id", "tag", "memory_id")
 _STATE = select(_M.c.status, _M.c.attempt, _M.c.forgotten_at, _M.c.supersedes).where(
     _M.c.id == bindparam("p_memory")
 )

@@ -2,12 +2,13 @@
 
 A memory leaves service when it is forgotten or superseded (``no-renew``), when its
 ``expires_at`` passes or its blob lapses (``expired``), or when its write fails
-(``walkeep/service/leaving.py`` says how). Besides its receipt, the database held for it a keyed content hash, its
-sealed metadata and its index rows (vectors, term hashes). :func:`purge` deletes them,
-and bumps the account's index generation so that every process on every host drops the
-index it built and builds the next one from the rows that are left; on this host it
-writes the new index files at once (the old generation's files are removed), then, on
-SQLite, truncates the write-ahead log, which ``secure_delete`` leaves holding the pages.
+(``walkeep/service/leaving.py`` says how). Besides its receipt, the database held for it
+a keyed content hash, its sealed metadata and metadata tags, and its index rows (vectors,
+term hashes). :func:`purge` deletes them, and bumps the account's index generation so
+that every process on every host drops the index it built and builds the next one from
+the rows that are left; on this host it writes the new index files at once (the old
+generation's files are removed), then, on SQLite, truncates the write-ahead log, which
+``secure_delete`` leaves holding the pages.
 
 What stays, and why:
 
@@ -36,7 +37,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
 from walkeep.db import checkpoint, rowcount
-from walkeep.db.models import Embedding, IndexState, Memory
+from walkeep.db.models import Embedding, IndexState, Memory, MemoryTag
 from walkeep.lifecycle import IN_FLIGHT, VISIBLE, MemoryStatus
 from walkeep.service.runtime import Runtime
 
@@ -146,10 +147,14 @@ def _purge_rows(rt: Runtime, account_id: str) -> tuple[int, int]:
                     )
                 )
                 rows += rowcount(deleted)
+            ids = [m for m, *_ in departed]
             s.execute(
-                update(Memory)
-                .where(Memory.id.in_([m for m, *_ in departed]))
-                .values(content_hash=PURGED, metadata_={})
+                delete(MemoryTag).where(
+                    MemoryTag.account_id == account_id, MemoryTag.memory_id.in_(ids)
+                )
+            )
+            s.execute(
+                update(Memory).where(Memory.id.in_(ids)).values(content_hash=PURGED, metadata_={})
             )
             memories += len(departed)
 

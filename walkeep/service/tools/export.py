@@ -14,8 +14,11 @@ at most ``limit`` memories (default ``WALKEEP_EXPORT_PAGE_SIZE``) and at most
 (stored_at, memory_id) order. ``next_cursor`` continues after the page's last
 memory (keyset, so stores and forgets between pages never shift or repeat
 rows). The cursor is opaque and MACed with a key derived from the master key
-over the account and namespace: a cursor edited, or replayed by another
-account or for another namespace, is refused with VALIDATION_ERROR.
+over the account, namespace and filters: a cursor edited, or replayed by another
+account or for another namespace or filter, is refused with VALIDATION_ERROR.
+
+``after``, ``before`` and ``metadata`` keep only the memories that match
+(walkeep/service/filters.py), as in recall.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from sqlalchemy import and_, or_, select
 from walkeep.db.models import Blob, Memory
 from walkeep.errors import ValidationError
 from walkeep.lifecycle import VISIBLE
-from walkeep.service import sealed
+from walkeep.service import filters, sealed
 from walkeep.service.namespaces import validate_namespace
 from walkeep.service.runtime import Runtime
 from walkeep.service.tools.schemas import ExportMemory, ExportResult, OwnershipProof
@@ -56,6 +59,8 @@ def _cursor_key(rt: Runtime) -> bytes:
 
 
 def _mac(rt: Runtime, account_id: str, namespace: str | None, payload: bytes) -> bytes:
+    """``namespace`` here is the page's whole scope: its namespace token, and with a
+    filter, the filter too (``_scope``), so a cursor is refused under another one."""
     scope = json.dumps([account_id, namespace]).encode()
     return hmac.new(_cursor_key(rt), scope + b"\0" + payload, hashlib.sha256).digest()[:16]
 
@@ -80,7 +85,7 @@ def decode_cursor(
 ) -> tuple[datetime, str]:
     bad = ValidationError(
         "invalid export cursor: pass next_cursor from the previous page unchanged, "
-        "with the same namespace",
+        "with the same namespace and filters",
         {"field": "cursor"},
     )
     if not isinstance(cursor, str) or not 0 < len(cursor) <= CURSOR_MAX_CHARS:
@@ -106,10 +111,15 @@ def export(
     namespace: str | None = None,
     cursor: str | None = None,
     limit: int | None = None,
+    after: str | datetime | None = None,
+    before: str | datetime | None = None,
+    metadata: object = None,
 ) -> ExportResult:
     if namespace is not None:
         # Matched as its token (walkeep/service/sealed.py).
         namespace = sealed.namespace_token(rt, account_id, validate_namespace(namespace))
+    narrow = filters.parse(rt, account_id, after=after, before=before, metadata=metadata)
+    scope = namespace if not narrow else json.dumps([namespace, narrow.key()])
     page_size = rt.settings.export_page_size if limit is None else limit
     if (
         isinstance(page_size, bool)
@@ -132,6 +142,7 @@ def export(
             Memory.status.in_(list(VISIBLE)),
             Blob.end_epoch > current,
             unexpired(rt.clock.now()),
+            *narrow.where(account_id),
         )
         .order_by(Memory.stored_at, Memory.id)
         .limit(page_size + 1)
@@ -139,7 +150,7 @@ def export(
     if namespace is not None:
         q = q.where(Memory.namespace == namespace)
     if cursor:
-        after_at, after_id = decode_cursor(rt, account_id, namespace, cursor)
+        after_at, after_id = decode_cursor(rt, account_id, scope, cursor)
         q = q.where(
             or_(
                 Memory.stored_at > after_at,
@@ -162,7 +173,7 @@ def export(
     if more:
         last = page[-1][0]
         next_cursor = encode_cursor(
-            rt, account_id, namespace, last.stored_at or last.accepted_at, last.id
+            rt, account_id, scope, last.stored_at or last.accepted_at, last.id
         )
 
     contents: dict[str, str] | None = None

@@ -6,7 +6,9 @@ always in [0, 1], higher is better, and ``min_score`` drops hits below it);
 Walkeep's own registry decides what may be shown: only memories that are
 stored, not forgotten, not lapsed (invariant 6), in this account (invariant 7).
 If too many of the ranked hits are not showable, it asks the ranking for more,
-so a caller still gets ``limit`` hits when that many exist. Content is returned
+so a caller still gets ``limit`` hits when that many exist. ``after``, ``before`` and
+``metadata`` narrow the question (walkeep/service/filters.py): the hits are then the
+best matching memories, with the scores they would have unfiltered. Content is returned
 verbatim — it is data, never instructions (invariant 8).
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -24,7 +27,7 @@ from walkeep.backends.base import SearchHit
 from walkeep.db.models import Blob, Memory
 from walkeep.errors import ValidationError
 from walkeep.lifecycle import VISIBLE
-from walkeep.service import sealed
+from walkeep.service import filters, sealed
 from walkeep.service.namespaces import validate_namespace
 from walkeep.service.runtime import Runtime
 from walkeep.service.tools.schemas import RecallHit, RecallResult
@@ -36,6 +39,11 @@ LIMIT_MIN, LIMIT_MAX, LIMIT_DEFAULT = 1, 50, 5
 QUERY_MAX_CHARS = 4096
 # How many ranked hits to ask for at most when many are not showable.
 _MAX_CANDIDATES = 1000
+# A filter matching at most this many memories has the index rank those alone (listing
+# them costs ~1.5 ms a thousand); one matching more ranks everything and keeps the
+# matching hits, up to _MAX_FILTERED_CANDIDATES, then lists them all after all.
+_FEW_MATCHES = 2000
+_MAX_FILTERED_CANDIDATES = 20_000
 
 
 def recall(
@@ -46,6 +54,9 @@ def recall(
     namespace: str | None = None,
     limit: int = LIMIT_DEFAULT,
     min_score: float = 0.0,
+    after: str | datetime | None = None,
+    before: str | datetime | None = None,
+    metadata: dict[str, str] | None = None,
 ) -> RecallResult:
     if not isinstance(query, str) or not query.strip():
         raise ValidationError("query must be a non-empty string", {"field": "query"})
@@ -71,27 +82,64 @@ def recall(
     if namespace is not None:
         # Matched as its token (walkeep/service/sealed.py), like everything below.
         namespace = sealed.namespace_token(rt, account_id, validate_namespace(namespace))
-
-    # Over-fetch: some hits may be forgotten, lapsed or still storing; if too many
-    # are, ask again for more (rare: the index already leaves out dead blobs).
-    want = min(limit * 3 + 10, _MAX_CANDIDATES)
-    while True:
-        hits = rt.relayer.search(account_id, namespace, query, want)
-        results = _showable(rt, account_id, namespace, hits, limit, float(min_score))
-        exhausted = len(hits) < want or (hits and hits[-1].score < min_score)
-        if len(results) >= limit or exhausted or want >= _MAX_CANDIDATES:
+    narrow = filters.parse(rt, account_id, after=after, before=before, metadata=metadata)
+    ask = _Ask(rt, account_id, namespace, query, limit, float(min_score), narrow)
+    if not narrow:
+        return RecallResult(results=ask.ranked(None, _MAX_CANDIDATES)[0])
+    # Filtered: if few memories match, the index ranks those alone; if many do, ranking
+    # everything and keeping the matching hits finds ``limit`` of them within a few
+    # times ``limit / share`` candidates, cheaper than listing them all. The hits are the
+    # same either way: scores do not depend on the filter.
+    only = filters.candidate_blobs(rt, account_id, namespace, narrow, cap=_FEW_MATCHES)
+    if only is None:
+        results, complete = ask.ranked(None, _MAX_FILTERED_CANDIDATES)
+        if complete:
             return RecallResult(results=results)
-        want = min(want * 4, _MAX_CANDIDATES)
+        only = filters.candidate_blobs(rt, account_id, namespace, narrow, cap=None)
+    if not only:
+        return RecallResult(results=[])
+    return RecallResult(results=ask.ranked(only, len(only))[0])
 
 
-def _showable(
-    rt: Runtime,
-    account_id: str,
-    namespace: str | None,
-    hits: list[SearchHit],
-    limit: int,
-    min_score: float,
-) -> list[RecallHit]:
+@dataclass(frozen=True, slots=True)
+class _Ask:
+    """One recall's question, asked of the ranking as often as it takes."""
+
+    rt: Runtime
+    account_id: str
+    namespace: str | None
+    query: str
+    limit: int
+    min_score: float
+    narrow: filters.Filters
+
+    def ranked(self, only: list[str] | None, most: int) -> tuple[list[RecallHit], bool]:
+        """The best ``limit`` showable hits, ranking ``only`` those blobs if given, and
+        whether that is all there are (False: ``most`` candidates were not enough).
+
+        Over-fetch: some hits may be forgotten, lapsed, still storing or (filtered)
+        not matching; if too many are, ask again for more."""
+        want = min(self.limit * 3 + 10, max(most, 1))
+        # A filtered question ranks everything: its first hits mostly do not match, so
+        # their contents are not read ahead.
+        read_ahead = not self.narrow or only is not None
+        while True:
+            if only is None:
+                hits = self.rt.relayer.search(self.account_id, self.namespace, self.query, want)
+            else:
+                hits = self.rt.relayer.search(
+                    self.account_id, self.namespace, self.query, want, only=only
+                )
+            results = _showable(self, hits, read_ahead)
+            exhausted = len(hits) < want or (hits and hits[-1].score < self.min_score)
+            if len(results) >= self.limit or exhausted:
+                return results, True
+            if want >= most:
+                return results, False
+            want = min(want * 4, most)
+
+
+def _showable(ask: _Ask, hits: list[SearchHit], read_ahead: bool) -> list[RecallHit]:
     """The first ``limit`` hits that are visible memories of this account and scope.
 
     Hits are checked in rank order, only as many at a time as results are still
@@ -102,6 +150,8 @@ def _showable(
     nearly always they are all shown, and at a million memories both are reads from
     disk. Content is only ever returned for a hit the check let through.
     """
+    rt, account_id, namespace, limit = ask.rt, ask.account_id, ask.namespace, ask.limit
+    min_score, narrow = ask.min_score, ask.narrow
     first: dict[str, SearchHit] = {}
     for h in hits:
         if h.score >= min_score:
@@ -109,7 +159,7 @@ def _showable(
     ranked = list(first)
     if not ranked:
         return []
-    ahead = [b for b in ranked[:limit] if first[b].content is None]
+    ahead = [b for b in ranked[:limit] if first[b].content is None] if read_ahead else []
     early = _READ_AHEAD.submit(rt.relayer.read_many, account_id, ahead) if ahead else None
     current = rt.chain.current_epoch()
     results: list[tuple[str, str, float, datetime, int]] = []
@@ -118,9 +168,10 @@ def _showable(
     done = 0
     while done < len(ranked) and len(results) < limit:
         missing = limit - len(results)
-        batch = ranked[done : done + (missing if done == 0 else max(4 * missing, 16))]
+        # Then more at a time, doubling what was checked: a filter may keep few hits.
+        batch = ranked[done : done + (missing if done == 0 else max(4 * missing, 16, done))]
         done += len(batch)
-        visible = _visible(rt, account_id, namespace, batch, current)
+        visible = _visible(rt, account_id, namespace, narrow, batch, current)
         shown = [b for b in batch if b in visible]
         if early is not None:
             # Not started yet (the helpers busy with other recalls): read below instead.
@@ -148,7 +199,7 @@ def _showable(
                     continue
                 stored_at, end_epoch = visible[blob_id]
                 results.append((blob_id, content, hit.score, stored_at, end_epoch))
-    newest = _newest_memories(rt, account_id, namespace, [r[0] for r in results], current)
+    newest = _newest_memories(rt, account_id, namespace, narrow, [r[0] for r in results], current)
     return [
         RecallHit(
             blob_id=blob_id,
@@ -166,9 +217,15 @@ def _showable(
 
 
 def _newest_memories(
-    rt: Runtime, account_id: str, namespace: str | None, blob_ids: list[str], current: int
+    rt: Runtime,
+    account_id: str,
+    namespace: str | None,
+    narrow: filters.Filters,
+    blob_ids: list[str],
+    current: int,
 ) -> dict[str, tuple[str, str, dict[str, str]]]:
-    """For each shown blob, the newest visible memory in scope: (id, namespace, metadata).
+    """For each shown blob, the newest visible memory in scope that matches the filter:
+    (id, namespace, metadata).
 
     Identical content stored more than once shares one blob, so a hit is one blob; it is
     reported as the memory stored last. Only the shown hits' rows are read (at most
@@ -180,6 +237,7 @@ def _newest_memories(
         select(Memory.blob_id, Memory.id, Memory.namespace, Memory.metadata_),
         account_id,
         namespace,
+        narrow,
         blob_ids,
         current,
         rt.clock.now(),
@@ -200,9 +258,15 @@ _READ_AHEAD = ThreadPoolExecutor(max_workers=4, thread_name_prefix="recall-read"
 
 
 def _visible(
-    rt: Runtime, account_id: str, namespace: str | None, blob_ids: list[str], current: int
+    rt: Runtime,
+    account_id: str,
+    namespace: str | None,
+    narrow: filters.Filters,
+    blob_ids: list[str],
+    current: int,
 ) -> dict[str | None, tuple[datetime, int]]:
-    """Of ``blob_ids``, those holding a visible memory in scope: (stored_at, end_epoch)."""
+    """Of ``blob_ids``, those holding a visible memory in scope that matches the filter:
+    (stored_at, end_epoch)."""
     q = _in_scope(
         select(
             Memory.blob_id,
@@ -211,6 +275,7 @@ def _visible(
         ),
         account_id,
         namespace,
+        narrow,
         blob_ids,
         current,
         rt.clock.now(),
@@ -226,18 +291,20 @@ def _in_scope(
     q: _Q,
     account_id: str,
     namespace: str | None,
+    narrow: filters.Filters,
     blob_ids: list[str],
     current: int,
     now: datetime,
 ) -> _Q:
     """``q`` over the visible memories of ``blob_ids`` in this account and scope, on blobs
     still paid for and not past their ``expires_at``: what recall may show (invariants 6
-    and 7)."""
+    and 7); and of those, the ones the filter keeps."""
     q = q.join(Blob, Blob.id == Memory.blob_pk).where(
         Memory.account_id == account_id,
         Memory.status.in_(list(VISIBLE)),
         Memory.blob_id.in_(blob_ids),
         Blob.end_epoch > current,
         unexpired(now),
+        *narrow.where(account_id),
     )
     return q.where(Memory.namespace == namespace) if namespace is not None else q

@@ -43,7 +43,7 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 from sqlalchemy import CTE, bindparam, delete, insert, select, update
@@ -63,6 +63,7 @@ from walkeep.errors import (
 )
 from walkeep.lifecycle import MemoryStatus
 from walkeep.service import digests, sealed
+from walkeep.service.instants import parse_instant
 from walkeep.service.namespaces import validate_namespace
 from walkeep.service.pipeline import SETTLED, fail_attempt, hold_ref, job_key
 from walkeep.service.runtime import Runtime
@@ -357,38 +358,11 @@ def _text(value: object, field: str) -> str:
     return value.strip()
 
 
-def parse_expires_at(value: str | datetime) -> datetime:
-    """An RFC 3339 timestamp (with its offset) or a date, as an aware UTC instant. A date
-    means the end of that day UTC: the instant the next day begins."""
-    if isinstance(value, datetime):
-        if value.tzinfo is None:
-            raise ValidationError(
-                "expires_at needs a time zone offset (e.g. 2027-01-31T18:00:00Z)",
-                {"field": "expires_at"},
-            )
-        return value.astimezone(UTC)
-    text = _text(value, "expires_at")
-    try:
-        if len(text) == 10:
-            return lifecycle.end_of_day(datetime.fromisoformat(text).replace(tzinfo=UTC))
-        if len(text) > 10 and text[10] in "Tt":  # RFC 3339 allows either case
-            at = datetime.fromisoformat(f"{text[:10]}T{text[11:]}".replace("z", "Z"))
-            if at.tzinfo is not None:
-                return at.astimezone(UTC)
-    except (ValueError, OverflowError):  # not a date, or past year 9999 once made UTC
-        pass
-    raise ValidationError(
-        "expires_at must be an RFC 3339 date (2027-01-31, meaning the end of that day UTC) "
-        "or timestamp with an offset (2027-01-31T18:00:00Z)",
-        {"field": "expires_at", "expires_at": text[:80]},
-    )
-
-
 def _bound(rt: Runtime, expires_at: str | datetime | None) -> _Bound | None:
     """``expires_at`` checked (in the future) and placed in its epoch, or None."""
     if expires_at is None:
         return None
-    at = parse_expires_at(expires_at)
+    at = parse_instant(expires_at, "expires_at", date_is_end_of_day=True)
     now = rt.clock.now()
     if at <= now:
         raise ValidationError(
