@@ -201,14 +201,18 @@ def test_rows_shared_with_a_live_copy_stay_and_the_cli_purges_at_once(
 
 
 def _answers(rt: Runtime, a: str) -> list[list[tuple[str, str, dict[str, str]]]]:
+    """Three recalls, and one narrowed by metadata (its tags are filled by migration 0024
+    for memories stored before it)."""
     queries = [("heron statue", None), ("diabetes metformin", None), ("door code", NAMESPACE)]
-    return [
+    answers = [
         [
             (h.memory_id, h.namespace, h.metadata)
             for h in recall.recall(rt, a, query=q, namespace=ns).results
         ]
         for q, ns in queries
     ]
+    narrowed = recall.recall(rt, a, query="code", metadata={"n": "1", **METADATA}).results
+    return [*answers, [(h.memory_id, h.namespace, h.metadata) for h in narrowed]]
 
 
 def test_a_database_of_the_previous_schema_is_sealed_by_the_upgrade_and_ranks_alike(

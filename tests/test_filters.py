@@ -13,14 +13,27 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+import anyio
+import httpx
 import pytest
 from sqlalchemy import select, update
 
 from tests.helpers import account, land_all
+from tests.test_mcp_e2e import (  # noqa: F401  (fixture)
+    Server,
+    call_err,
+    call_ok,
+    live,
+    mcp_client,
+    wait_landed,
+)
+from walkeep import errors
+from walkeep.client import WalkeepClient
 from walkeep.clock import ManualClock
 from walkeep.db.models import Blob, Memory, MemoryTag
 from walkeep.errors import ValidationError
 from walkeep.service.jobs import purge
+from walkeep.service.operators import accounts
 from walkeep.service.runtime import Runtime
 from walkeep.service.tools import export, forget, recall, store
 
@@ -240,3 +253,72 @@ def test_an_export_cursor_belongs_to_its_filter(
         with pytest.raises(ValidationError) as exc:
             export.export(rt, a, cursor=first.next_cursor, limit=1, **other)  # type: ignore[arg-type]
         assert exc.value.data["field"] == "cursor"
+
+
+def test_metadata_and_filters_round_trip_over_mcp(live: Server) -> None:  # noqa: F811
+    rt = live.rt
+    key = accounts.create_account(rt.db, "mcp-filters", credits_mc=100_000).api_key
+
+    async def go() -> None:
+        async with mcp_client(live, key) as c:
+            tools = {t.name: t for t in (await c.list_tools()).tools}
+            for name in ("recall", "export"):
+                props = tools[name].input_schema["properties"]
+                assert {"after", "before", "metadata"} <= props.keys()
+            md = {"project": "apollo", "owner": "ann"}
+            kept = await call_ok(
+                c,
+                "store",
+                {"content": "Apollo ships on Friday.", "request_id": "a", "metadata": md},
+            )
+            await call_ok(c, "store", {"content": "Zeus ships on Monday.", "request_id": "z"})
+            await anyio.to_thread.run_sync(wait_landed, rt)
+            got = await call_ok(c, "recall", {"query": "ships", "metadata": {"project": "apollo"}})
+            assert [(h["memory_id"], h["metadata"], h["namespace"]) for h in got["results"]] == [
+                (kept["memory_id"], md, "default")
+            ]
+            page = await call_ok(c, "export", {"metadata": {"owner": "ann"}, "after": "2000-01-01"})
+            assert [(m["memory_id"], m["metadata"]) for m in page["memories"]] == [
+                (kept["memory_id"], md)
+            ]
+            err = await call_err(
+                c, "recall", {"query": "ships", "after": "tomorrow"}, "VALIDATION_ERROR"
+            )
+            assert err["data"]["field"] == "after"
+            # A misspelled filter is refused, never ignored.
+            err = await call_err(
+                c, "recall", {"query": "ships", "metdata": {"project": "zeus"}}, "VALIDATION_ERROR"
+            )
+            assert "metdata" in err["message"]
+
+    anyio.run(go)
+
+
+def test_metadata_and_filters_round_trip_over_rest_and_the_python_client(live: Server) -> None:  # noqa: F811
+    rt = live.rt
+    key = accounts.create_account(rt.db, "py-filters", credits_mc=100_000).api_key
+    md = {"project": "apollo", "note": "a=b&c"}  # characters a query string must escape
+    with WalkeepClient(live.url, api_key=key) as wk:
+        kept = wk.store("Apollo ships on Friday.", request_id="a", metadata=md)
+        wk.store("Zeus ships on Monday.", request_id="z", metadata={"project": "zeus"})
+        wait_landed(rt)
+        hits = wk.recall("ships", metadata={"note": "a=b&c"}).results
+        assert [(h.memory_id, h.metadata) for h in hits] == [(kept.memory_id, md)]
+        assert wk.recall("ships", before="2000-01-01").results == []
+        exported = list(wk.export_all(metadata=md, after=rt.clock.now() - timedelta(days=1)))
+        assert [(m.memory_id, m.metadata) for m in exported] == [(kept.memory_id, md)]
+        try:
+            wk.recall("ships", after="2030-01-02", before="2030-01-01")
+        except errors.ValidationError as exc:
+            assert exc.data["field"] == "after"
+        else:
+            raise AssertionError("a contradictory range was accepted")
+    auth = {"Authorization": f"Bearer {key}"}
+    r = httpx.get(f"{live.url}/v1/export", headers=auth, params={"metadata": "project=apollo"})
+    assert r.status_code in (400, 422) and r.json()["data"]["field"] == "metadata"
+    r = httpx.get(f"{live.url}/v1/export", headers=auth, params={"afterr": "2000-01-01"})
+    assert r.status_code in (400, 422) and r.json()["data"]["field"] == "afterr"
+    r = httpx.post(
+        f"{live.url}/v1/recall", headers=auth, json={"query": "ships", "befor": "2000-01-01"}
+    )
+    assert r.status_code in (400, 422) and r.json()["code"] == "VALIDATION_ERROR"
