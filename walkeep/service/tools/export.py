@@ -142,7 +142,7 @@ def export(
             Memory.status.in_(list(VISIBLE)),
             Blob.end_epoch > current,
             unexpired(rt.clock.now()),
-            *narrow.where(account_id),
+            *narrow.where(account_id, by_time=True),
         )
         .order_by(Memory.stored_at, Memory.id)
         .limit(page_size + 1)
