@@ -12,6 +12,9 @@ such as an email says as much as the content. So:
   and token, sealed, in ``namespace_names``, so that the tools can show it again.
 * **metadata** is stored as one sealed string (AES-SIV under the account's field key)
   in the ``metadata`` JSON column; readers open it with :func:`open_metadata`.
+* an **API key's default namespace**, set by the operator, is sealed the same way
+  (:func:`seal_key_namespace`): a key is looked up by its hash, never by its namespace,
+  so no token is needed, only the name back when the key authenticates.
 
 Both keys derive from the master key and the account id (like the digest key), so a
 store seals before any data key is loaded, on the event loop, without a wait.
@@ -36,6 +39,7 @@ from walkeep.service.runtime import Runtime
 NAMESPACE = b"namespace"
 _METADATA = b"metadata"
 _NAMESPACE_NAME = b"namespace-name"
+KEY_NAMESPACE = b"key-namespace"  # api_keys.default_namespace (migration 0025)
 
 _lock = threading.Lock()
 
@@ -130,3 +134,19 @@ def open_metadata(rt: Runtime, account_id: str, stored: object) -> dict[str, str
     data = crypto.open_field(_cipher(rt, account_id), stored, context=_METADATA)
     loaded = json.loads(data)
     return {str(k): str(v) for k, v in loaded.items()}
+
+
+def seal_key_namespace(master_key: bytes, account_id: str, name: str) -> str:
+    """What ``api_keys.default_namespace`` holds: the name (already validated), sealed under
+    the account's field key. Takes the master key, not a runtime: keys are created and
+    listed by operator commands that hold only a database."""
+    cipher = crypto.field_cipher(master_key, account_id)
+    return crypto.seal_field(cipher, name.encode("utf-8"), context=KEY_NAMESPACE)
+
+
+def open_key_namespace(master_key: bytes, account_id: str, stored: str | None) -> str | None:
+    """The name :func:`seal_key_namespace` sealed (``None`` stays ``None``)."""
+    if stored is None:
+        return None
+    cipher = crypto.field_cipher(master_key, account_id)
+    return crypto.open_field(cipher, stored, context=KEY_NAMESPACE).decode("utf-8")
