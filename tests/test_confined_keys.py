@@ -254,3 +254,16 @@ def test_a_confined_key_cannot_sign_in_to_the_console(live: Server) -> None:  # 
         assert "confined to one namespace" in refused.text
     with httpx.Client(base_url=live.url, timeout=30) as http:
         assert sign_in(http, open_key).status_code == 303  # unconfined: as before
+
+
+def test_forbidden_is_in_every_list_of_error_codes() -> None:
+    """The MCP error schema, the REST responses and the Python client all know FORBIDDEN."""
+    from walkeep.api.rest import ERRORS
+    from walkeep.mcp.envelope import ERROR_SCHEMA
+
+    assert "FORBIDDEN" in errors.ALL_CODES
+    described = ERROR_SCHEMA["properties"]["code"]["description"]
+    assert all(code in described for code in errors.ALL_CODES)
+    assert "FORBIDDEN" in ERRORS[403]["description"]
+    body = {"code": "FORBIDDEN", "message": "m", "data": {"namespace": NS}}
+    assert isinstance(errors.from_body(body), errors.Forbidden)
