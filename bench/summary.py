@@ -26,6 +26,11 @@ time is printed as the reference this replaces), the minimum runway, and the
 
     python bench/summary.py [--memories 1000000] [--others 200000] [--calls 20]
                             [--layouts spread,renewed,tied,backlog] [--db-url URL]
+                            [--namespaces 50]
+
+The account's memories are spread over ``--namespaces`` namespaces, which the summary
+counts one by one (``account.namespaces``); the check also asserts they add up to the
+account's totals.
 
 Without ``--db-url`` a scratch database is created on ``--pg-server``
 (postgresql+psycopg://postgres@127.0.0.1:5432/test) and dropped afterwards.
@@ -74,8 +79,18 @@ MIX: dict[str, float | int] = {
 LAYOUTS = ("spread", "renewed", "tied", "backlog")
 
 
-def seed(rt: Runtime, account_id: str, n: int, rng: random.Random, next_blob: int) -> int:
-    """COPY ``n`` memories of one account and their blobs; returns the next free blob id."""
+def seed(
+    rt: Runtime,
+    account_id: str,
+    n: int,
+    rng: random.Random,
+    next_blob: int,
+    namespaces: int = 1,
+) -> int:
+    """COPY ``n`` memories of one account and their blobs, spread over ``namespaces``
+    namespaces (Zipf-like: the first holds the most); returns the next free blob id."""
+    spaces = [f"ns-{i:04d}" for i in range(namespaces)]
+    weights = [1 / (i + 1) for i in range(namespaces)]
     current = rt.chain.current_epoch()
     now = rt.clock.now()
     kinds: list[str] = []
@@ -138,7 +153,7 @@ def seed(rt: Runtime, account_id: str, n: int, rng: random.Random, next_blob: in
             (
                 mid,
                 account_id,
-                "default",
+                rng.choices(spaces, weights)[0] if namespaces > 1 else "default",
                 "{}",
                 1000,
                 secrets.token_hex(32),
@@ -252,8 +267,14 @@ def measure(rt: Runtime, account_id: str, layout: str, calls: int) -> bool:
     counts, min_runway, top, count_s = brute_force(rt, account_id)
     acct = res.account
     assert acct is not None
+    spaces = acct.namespaces
     ok = (
-        acct.total_memories == sum(counts.values())
+        acct.more_namespaces == 0
+        and sum(ns.total_memories for ns in spaces) == acct.total_memories
+        and sum(ns.active for ns in spaces) == acct.active
+        and sum(ns.paused for ns in spaces) == acct.paused
+        and sum(ns.no_renew for ns in spaces) == acct.no_renew
+        and acct.total_memories == sum(counts.values())
         and acct.active == counts.get("active", 0)
         and acct.paused == counts.get("paused", 0)
         and acct.no_renew == counts.get("no-renew", 0)
@@ -269,8 +290,10 @@ def measure(rt: Runtime, account_id: str, layout: str, calls: int) -> bool:
     print(
         f"[{layout}] brute-force COUNT ... GROUP BY over the account: {count_s * 1000:.0f} ms; "
         f"total={acct.total_memories} active={acct.active} paused={acct.paused} "
-        f"no_renew={acct.no_renew} min_runway={acct.min_runway_epochs}; "
-        f"counts, min runway and the 100 most at-risk equal brute force: {'OK' if ok else 'MISMATCH'}"
+        f"no_renew={acct.no_renew} min_runway={acct.min_runway_epochs} "
+        f"namespaces={len(spaces)}+{acct.more_namespaces}; "
+        "counts, min runway, the 100 most at-risk and the namespaces' sums equal brute "
+        f"force: {'OK' if ok else 'MISMATCH'}"
     )
     return ok
 
@@ -282,6 +305,9 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--layouts", default=",".join(LAYOUTS))
     ap.add_argument("--seed", type=int, default=14)
+    ap.add_argument(
+        "--namespaces", type=int, default=50, help="namespaces the account's memories use"
+    )
     ap.add_argument("--db-url", default=None, help="an empty PostgreSQL database to use")
     ap.add_argument("--pg-server", default=DEFAULT_SERVER)
     args = ap.parse_args()
@@ -315,7 +341,7 @@ def run(args: argparse.Namespace, url: str) -> bool:
     for i, acct in enumerate(others):
         next_blob = seed(rt, acct, args.others // len(others), rng, next_blob)
         if i == 1:  # the target's memories in the middle of the others' in every index
-            next_blob = seed(rt, target, args.memories, rng, next_blob)
+            next_blob = seed(rt, target, args.memories, rng, next_blob, args.namespaces)
     with rt.db.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(text("VACUUM ANALYZE"))
     print(

@@ -186,6 +186,7 @@ def db(db_url: str, clock: ManualClock) -> Iterator[Database]:
 # --- a whole Walkeep runtime on the local network ----------------------------------------
 
 TEST_MASTER_KEY = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="  # fixed: tests only
+TEST_MASTER_KEY_BYTES = bytes(range(32))  # TEST_MASTER_KEY decoded
 
 
 @pytest.fixture

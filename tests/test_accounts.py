@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
+from tests.conftest import TEST_MASTER_KEY_BYTES
 from walkeep import ids
 from walkeep.db import Database
 from walkeep.db.models import ApiKey
@@ -21,7 +22,7 @@ def test_keys_are_hashed_and_resolve(db: Database) -> None:
     assert row.key_hash == ids.api_key_hash(created.api_key)
     assert created.api_key not in (row.key_hash, row.prefix)
     assert row.prefix == created.api_key[:16]
-    principal = accounts.authenticate(db, created.api_key)
+    principal = accounts.authenticate(db, created.api_key, TEST_MASTER_KEY_BYTES)
     assert principal.account_id == created.account_id
 
 
@@ -29,19 +30,23 @@ def test_revoked_and_unknown_keys_are_refused(db: Database) -> None:
     created = accounts.create_account(db, "acme")
     accounts.revoke_key(db, created.key_prefix)
     with pytest.raises(Unauthorized):
-        accounts.authenticate(db, created.api_key)
+        accounts.authenticate(db, created.api_key, TEST_MASTER_KEY_BYTES)
     with pytest.raises(Unauthorized):
-        accounts.authenticate(db, "wk_live_" + "x" * 43)
+        accounts.authenticate(db, "wk_live_" + "x" * 43, TEST_MASTER_KEY_BYTES)
     with pytest.raises(Unauthorized):
-        accounts.authenticate(db, "Bearer nonsense")
+        accounts.authenticate(db, "Bearer nonsense", TEST_MASTER_KEY_BYTES)
 
 
 def test_key_default_namespace(db: Database) -> None:
     created = accounts.create_account(db, "acme")
-    key = accounts.create_key(db, created.account_id, default_namespace="work")
-    assert accounts.authenticate(db, key.api_key).default_namespace == "work"
+    key = accounts.create_key(
+        db, created.account_id, default_namespace="work", master_key=TEST_MASTER_KEY_BYTES
+    )
+    assert accounts.authenticate(db, key.api_key, TEST_MASTER_KEY_BYTES).default_namespace == "work"
     with pytest.raises(ValidationError):
-        accounts.create_key(db, created.account_id, default_namespace="x" * 256)
+        accounts.create_key(
+            db, created.account_id, default_namespace="x" * 256, master_key=TEST_MASTER_KEY_BYTES
+        )
 
 
 def test_key_entropy() -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from sqlalchemy import func, select, update
+from sqlalchemy import text as sql
 from typer.testing import CliRunner
 
 from tests.conftest import TEST_MASTER_KEY
@@ -23,6 +24,7 @@ from walkeep.index.rows import chunk_text, encode_vector
 from walkeep.index.segment import quantise
 from walkeep.service import digests, sealed
 from walkeep.service.jobs import purge, reindex, sweep
+from walkeep.service.operators import accounts
 from walkeep.service.runtime import Runtime
 from walkeep.service.tools import export, forget, recall, store
 
@@ -248,3 +250,47 @@ def test_a_database_of_the_previous_schema_is_sealed_by_the_upgrade_and_ranks_al
     raw = database_bytes(rt)
     for text in [NAMESPACE, "errands", *METADATA.values()]:
         assert text.encode() not in raw
+
+
+KEY_NAMESPACE = "ward-7-oncology-thistlewood"
+
+
+def test_an_api_key_s_default_namespace_is_sealed_at_rest(rt: Runtime) -> None:
+    """The operator's choice of namespace for a key names what its agent files under: a
+    copy of the database must not show it, and the key still resolves to it."""
+    a = account(rt)
+    master = digests.master_key(rt)
+    made = accounts.create_key(
+        rt.db, a, default_namespace=KEY_NAMESPACE, only_namespace=True, master_key=master
+    )
+    accounts.create_account(
+        rt.db, "clinic", default_namespace=KEY_NAMESPACE + "-2", master_key=master
+    )
+    principal = accounts.authenticate(rt.db, made.api_key, master)
+    assert principal.default_namespace == KEY_NAMESPACE and principal.only_namespace
+    listed = {k.default_namespace for k in accounts.list_keys(rt.db, a, master)}
+    assert listed == {None, KEY_NAMESPACE}
+    everything = database_bytes(rt) + _files(rt.settings.data_dir)
+    found = [e for e in _encodings(KEY_NAMESPACE) if e in everything]
+    assert not found, f"{KEY_NAMESPACE!r} is readable at rest as {found[0][:40]!r}"
+
+
+def test_keys_namespaces_are_sealed_by_the_upgrade_and_opened_by_the_downgrade(
+    rt: Runtime,
+) -> None:
+    """Migration 0025 on a database of 0024 (the name in clear, as that release stored
+    it): sealed on the way up, in clear again on the way down, the key working throughout."""
+    a = account(rt)
+    master = digests.master_key(rt)
+    made = accounts.create_key(rt.db, a, default_namespace=KEY_NAMESPACE, master_key=master)
+    rt.db.engine.dispose()
+    migrations.downgrade(rt.settings.db_url, "0024", master_key=master)
+    with rt.db.read() as s:
+        stored = set(s.scalars(sql("SELECT default_namespace FROM api_keys")))
+    assert stored == {None, KEY_NAMESPACE}
+    rt.db.engine.dispose()
+    migrations.upgrade(rt.settings.db_url, master_key=master)
+    rt.db.engine.dispose()
+    assert KEY_NAMESPACE.encode() not in database_bytes(rt)
+    principal = accounts.authenticate(rt.db, made.api_key, master)
+    assert principal.default_namespace == KEY_NAMESPACE and not principal.only_namespace

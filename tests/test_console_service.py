@@ -13,6 +13,7 @@ from decimal import Decimal
 import pytest
 from sqlalchemy import select
 
+from tests.conftest import TEST_MASTER_KEY_BYTES
 from tests.helpers import account, epoch_seconds, land_all
 from walkeep import ledger
 from walkeep.db.models import Account, JobRun
@@ -201,10 +202,10 @@ def test_console_links_are_single_use_expire_and_store_only_a_hash(rt, clock) ->
 
 def test_a_revoked_key_ends_its_console_sessions(rt) -> None:  # type: ignore[no-untyped-def]
     created = accounts.create_account(rt.db, "ops", credits_mc=0)
-    key_id = accounts.authenticate(rt.db, created.api_key).key_id
+    key_id = accounts.authenticate(rt.db, created.api_key, TEST_MASTER_KEY_BYTES).key_id
     by_key = console.open_session(rt.db, created.account_id, hours=12, key_id=key_id)
     other = accounts.create_key(rt.db, created.account_id)
-    other_id = accounts.authenticate(rt.db, other.api_key).key_id
+    other_id = accounts.authenticate(rt.db, other.api_key, TEST_MASTER_KEY_BYTES).key_id
     by_other = console.open_session(rt.db, created.account_id, hours=12, key_id=other_id)
     by_link = console.open_session(rt.db, created.account_id, hours=12)
     assert console.session_still_valid(rt.db, created.account_id, key_id, by_key)

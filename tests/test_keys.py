@@ -18,8 +18,10 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import event
 
+from tests.conftest import TEST_MASTER_KEY, TEST_MASTER_KEY_BYTES
 from walkeep.api.auth import CACHE_TTL_SECONDS, KeyCache
 from walkeep.cli import build_command
+from walkeep.cli._common import CliError
 from walkeep.clock import ManualClock
 from walkeep.db import Database
 from walkeep.errors import NotFound, Unauthorized
@@ -42,7 +44,11 @@ def key_writes(db: Database) -> Iterator[list[str]]:
 
 
 def _last_used(db: Database, prefix: str) -> Any:
-    (view,) = [k for k in accounts.list_keys(db, _account_of(db, prefix)) if k.prefix == prefix]
+    (view,) = [
+        k
+        for k in accounts.list_keys(db, _account_of(db, prefix), TEST_MASTER_KEY_BYTES)
+        if k.prefix == prefix
+    ]
     return view.last_used_at
 
 
@@ -69,8 +75,11 @@ def test_revoke_takes_the_whole_key_as_well_as_its_prefix(db: Database) -> None:
         False,
     )
     with pytest.raises(Unauthorized):
-        accounts.authenticate(db, acme.api_key)
-    assert accounts.authenticate(db, other.api_key).account_id == acme.account_id
+        accounts.authenticate(db, acme.api_key, TEST_MASTER_KEY_BYTES)
+    assert (
+        accounts.authenticate(db, other.api_key, TEST_MASTER_KEY_BYTES).account_id
+        == acme.account_id
+    )
     assert accounts.revoke_key(db, f"  {other.prefix} ").prefix == other.prefix  # pasted
     assert accounts.revoke_key(db, other.prefix).already
     # An unknown whole key: the error names its prefix, never the secret part.
@@ -88,22 +97,22 @@ def test_last_use_is_recorded_to_within_a_minute_not_per_request(
     acme = accounts.create_account(db, "acme")
     assert _last_used(db, acme.key_prefix) is None
     started = clock.now()
-    accounts.authenticate(db, acme.api_key)
+    accounts.authenticate(db, acme.api_key, TEST_MASTER_KEY_BYTES)
     assert _last_used(db, acme.key_prefix) == started
     assert len(key_writes) == 1
     for _ in range(9):  # a lookup every 5 s (the cache's refresh) for 45 s: no write
         clock.advance(5)
-        accounts.authenticate(db, acme.api_key)
+        accounts.authenticate(db, acme.api_key, TEST_MASTER_KEY_BYTES)
     assert len(key_writes) == 1 and _last_used(db, acme.key_prefix) == started
     clock.advance(10)  # 55 s after the last write: older than LAST_USED_EVERY
-    accounts.authenticate(db, acme.api_key)
+    accounts.authenticate(db, acme.api_key, TEST_MASTER_KEY_BYTES)
     assert _last_used(db, acme.key_prefix) == started + timedelta(seconds=55)
     assert len(key_writes) == 2
     # Refused keys record nothing.
     accounts.revoke_key(db, acme.key_prefix)
     clock.advance(120)
     with pytest.raises(Unauthorized):
-        accounts.authenticate(db, acme.api_key)
+        accounts.authenticate(db, acme.api_key, TEST_MASTER_KEY_BYTES)
     assert _last_used(db, acme.key_prefix) == started + timedelta(seconds=55)
 
 
@@ -147,10 +156,18 @@ def test_the_stdio_server_records_its_key_use(rt: Runtime, clock: ManualClock) -
 
 
 def _cli(db_url: str, tmp_path: Path, *argv: str) -> str:
-    env = {"WALKEEP_DATA_DIR": str(tmp_path / "data"), "WALKEEP_DATABASE_URL": db_url}
-    result = CliRunner().invoke(build_command(), list(argv), env=env, catch_exceptions=False)
+    result = _run_cli(db_url, tmp_path, *argv)
     assert result.exit_code == 0, result.output
     return result.output
+
+
+def _run_cli(db_url: str, tmp_path: Path, *argv: str) -> Any:
+    env = {
+        "WALKEEP_DATA_DIR": str(tmp_path / "data"),
+        "WALKEEP_DATABASE_URL": db_url,
+        "WALKEEP_MASTER_KEY": TEST_MASTER_KEY,  # keys' namespaces are sealed with it
+    }
+    return CliRunner().invoke(build_command(), list(argv), env=env, catch_exceptions=False)
 
 
 def test_cli_key_create_prints_the_prefix_and_key_list_shows_each_key(
@@ -161,24 +178,33 @@ def test_cli_key_create_prints_the_prefix_and_key_list_shows_each_key(
     key = made.split("(shown once): ", 1)[1].split()[0]
     prefix = key[: len("wk_live_") + 8]
     assert f"prefix: {prefix}" in made
-    accounts.authenticate(db, key)
+    accounts.authenticate(db, key, TEST_MASTER_KEY_BYTES)
 
     listed = _cli(db_url, tmp_path, "key", "list", "--account", "acme")
     lines = listed.splitlines()
     assert "to within a minute" in lines[0]
-    assert lines[1].split() == ["PREFIX", "NAMESPACE", "CREATED", "LAST", "USED", "STATUS"]
+    assert lines[1].split() == [
+        "PREFIX",
+        "NAMESPACE",
+        "ONLY",
+        "CREATED",
+        "LAST",
+        "USED",
+        "STATUS",
+    ]
     rows = {line.split()[0]: line.split()[1:] for line in lines[2:]}
     assert set(rows) == {acme.key_prefix, prefix}
-    views = {k.prefix: k for k in accounts.list_keys(db, acme.account_id)}
+    views = {k.prefix: k for k in accounts.list_keys(db, acme.account_id, TEST_MASTER_KEY_BYTES)}
 
     def minute(at: Any) -> list[str]:
         return at.strftime("%Y-%m-%d %H:%M").split()
 
     first, second = views[acme.key_prefix], views[prefix]
     assert second.last_used_at is not None  # the authenticate above
-    assert rows[acme.key_prefix] == ["-", *minute(first.created_at), "never", "active"]
+    assert rows[acme.key_prefix] == ["-", "-", *minute(first.created_at), "never", "active"]
     assert rows[prefix] == [
         "work",
+        "-",
         *minute(second.created_at),
         *minute(second.last_used_at),
         "active",
@@ -194,3 +220,25 @@ def test_cli_key_create_prints_the_prefix_and_key_list_shows_each_key(
 
     usage = _cli(db_url, tmp_path, "key", "list", "--help")
     assert "last used (to within" in " ".join(usage.split())
+
+
+def test_cli_only_namespace_confines_a_key_and_needs_its_namespace(
+    db: Database, db_url: str, tmp_path: Path
+) -> None:
+    accounts.create_account(db, "acme")
+    with pytest.raises(CliError, match=r"--only-namespace .* --namespace NS"):
+        _run_cli(db_url, tmp_path, "key", "create", "--account", "acme", "--only-namespace")
+    made = _cli(
+        db_url,
+        tmp_path,
+        *("key", "create", "--account", "acme", "--namespace", "work", "--only-namespace"),
+    )
+    assert "confined to namespace 'work'" in made
+    key = made.split("(shown once): ", 1)[1].split()[0]
+    principal = accounts.authenticate(db, key, TEST_MASTER_KEY_BYTES)
+    assert principal.only_namespace and principal.default_namespace == "work"
+    listed = _cli(db_url, tmp_path, "key", "list", "--account", "acme")
+    rows = {line.split()[0]: line.split()[1:3] for line in listed.splitlines()[2:]}
+    assert rows[key[: len("wk_live_") + 8]] == ["work", "yes"]
+    data = json.loads(_cli(db_url, tmp_path, "key", "list", "--account", "acme", "--json"))
+    assert sorted(k["only_namespace"] for k in data) == [False, True]

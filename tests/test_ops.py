@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.conftest import TEST_MASTER_KEY_BYTES
 from walkeep.bootstrap import build_runtime, check_config
 from walkeep.config import Settings
 from walkeep.errors import ConfigurationError
@@ -142,7 +143,7 @@ def test_first_run_creates_a_default_account_and_a_private_credentials_file(
     creds = json.loads(creds_path.read_text())
     assert stat.S_IMODE(creds_path.stat().st_mode) == 0o600
     assert creds["mcp_url"] == "http://127.0.0.1:8080/mcp"
-    principal = accounts.authenticate(db, creds["api_key"])
+    principal = accounts.authenticate(db, creds["api_key"], TEST_MASTER_KEY_BYTES)
     assert accounts.get_account(db, principal.account_id).balance_mc == 100_000  # $1.00 promo
     first_run(settings, db)  # idempotent: never a second account
     assert accounts.find_account_by_name(db, "default") == principal.account_id

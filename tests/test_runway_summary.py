@@ -15,10 +15,11 @@ from sqlalchemy import delete, insert, select, text, update
 from tests.helpers import account, epoch_seconds, land_all
 from walkeep.db.models import Blob, Memory, MemoryCounts
 from walkeep.lifecycle import LISTED, BlobStatus, MemoryStatus
+from walkeep.service import sealed
 from walkeep.service.jobs import completion, renew, sweep
 from walkeep.service.runtime import Runtime
 from walkeep.service.tools import forget, runway, store
-from walkeep.service.tools.schemas import RunwayResult, RunwaySummary
+from walkeep.service.tools.schemas import NamespaceCounts, RunwayResult, RunwaySummary
 
 COUNTED = {
     MemoryStatus.ACTIVE: "active",
@@ -88,18 +89,37 @@ def assert_exact(rt: Runtime) -> None:
     assert blob_counts(rt) == blob_recount(rt)
 
 
-def brute_force(rt: Runtime, account_id: str) -> RunwayResult:
+def brute_force(rt: Runtime, account_id: str, only: str | None = None) -> RunwayResult:
     """The summary as check_runway computed it before issue 14: every listed memory of
-    the account with its blob, viewed, counted and sorted in Python."""
+    the account (of namespace ``only``, given) with its blob, viewed, counted and sorted
+    in Python; the namespaces too."""
     current = rt.chain.current_epoch()
+    where = [Memory.account_id == account_id, Memory.status.in_(list(LISTED))]
+    if only is not None:
+        where.append(Memory.namespace == sealed.namespace_token(rt, account_id, only))
     with rt.db.read() as s:
         rows = s.execute(
-            select(Memory, Blob)
-            .outerjoin(Blob, Blob.id == Memory.blob_pk)
-            .where(Memory.account_id == account_id, Memory.status.in_(list(LISTED)))
+            select(Memory, Blob).outerjoin(Blob, Blob.id == Memory.blob_pk).where(*where)
         ).all()
     views = [runway._view(rt, m, b, current) for m, b in rows]
     shown = Counter(v.status for v in views)
+    names = sealed.namespace_names(rt, account_id, {m.namespace for m, _ in rows})
+    per: dict[str, Counter[str]] = {}
+    for (m, _), v in zip(rows, views, strict=True):
+        per.setdefault(names[m.namespace], Counter())[v.status] += 1
+    spaces = sorted(
+        (
+            NamespaceCounts(
+                namespace=name,
+                total_memories=c.total(),
+                active=c["active"],
+                paused=c["paused"],
+                no_renew=c["no-renew"],
+            )
+            for name, c in per.items()
+        ),
+        key=lambda n: (-n.total_memories, n.namespace),
+    )
     alive = [
         v.runway_epochs
         for v in views
@@ -115,8 +135,21 @@ def brute_force(rt: Runtime, account_id: str) -> RunwayResult:
             paused=shown["paused"],
             no_renew=shown["no-renew"],
             min_runway_epochs=min(alive) if alive else None,
+            namespaces=spaces[: runway.NAMESPACES_MAX],
+            more_namespaces=max(0, len(spaces) - runway.NAMESPACES_MAX),
         ),
     )
+
+
+NAMESPACES = ("default", "work", "patient-é")
+
+
+def _namespaces_add_up(got: RunwayResult) -> None:
+    """With no more than NAMESPACES_MAX namespaces, they sum to the account's totals."""
+    assert got.account is not None and got.account.more_namespaces == 0
+    for field in ("total_memories", "active", "paused", "no_renew"):
+        want = getattr(got.account, field)
+        assert sum(getattr(n, field) for n in got.account.namespaces) == want, field
 
 
 def _store(rt: Runtime, a: str, content: str, rid: str) -> str:
@@ -190,12 +223,17 @@ def test_counts_stay_exact_through_a_memorys_whole_life(rt: Runtime, clock) -> N
 
 
 def _memory_row(
-    account_id: str, status: str, blob_pk: int | None, mid: str, now: datetime
+    account_id: str,
+    status: str,
+    blob_pk: int | None,
+    mid: str,
+    now: datetime,
+    namespace: str = "default",
 ) -> dict[str, Any]:
     return {
         "id": mid,
         "account_id": account_id,
-        "namespace": "default",
+        "namespace": namespace,
         "metadata_": {},
         "size_bytes": 10,
         "content_hash": mid.ljust(64, "0")[:64],
@@ -352,6 +390,7 @@ def _seed(rt: Runtime, account_id: str, plan: list[tuple[str, int | None, str]],
     rng = random.Random(seed)
     current = rt.chain.current_epoch()
     now = rt.clock.now()
+    spaces = [sealed.remember_namespace(rt, account_id, n) for n in NAMESPACES]
     quilts: dict[tuple[str, int | None, str], int] = {}
     memories = []
     with rt.db.begin() as s:
@@ -383,7 +422,8 @@ def _seed(rt: Runtime, account_id: str, plan: list[tuple[str, int | None, str]],
                         quilts[key] = blob_pk
                 blob_pk = quilts.get(key, blob_pk)
             real = rng.choice(["active", "paused", "no-renew"]) if status == "lapsed" else status
-            memories.append(_memory_row(account_id, real, blob_pk, mid, now))
+            ns = spaces[int(mid[-1], 36) % len(spaces)]  # spread without touching rng
+            memories.append(_memory_row(account_id, real, blob_pk, mid, now, ns))
         s.execute(insert(Memory), memories)
 
 
@@ -432,6 +472,9 @@ def test_summary_equals_brute_force(rt: Runtime, clock, shape: str) -> None:  # 
     assert [m.memory_id for m in got.memories] == [m.memory_id for m in want.memories]
     assert got == want
     assert len(got.memories) == min(runway.SUMMARY_LIST_MAX, len(SHAPES[shape]))
+    _namespaces_add_up(got)
+    for name in NAMESPACES:  # a key confined to one namespace sees it alone
+        assert runway.check_runway(rt, a, confined_to=name) == brute_force(rt, a, only=name)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -459,7 +502,11 @@ def test_summary_equals_brute_force_on_random_shapes(
         else:
             plan.append((status, rng.choice([1, 2, 2, 5, 5, 5, 9]), rng.choice(kinds)))
     _seed(rt, a, plan, seed=seed)
-    assert runway.check_runway(rt, a) == brute_force(rt, a)
+    got = runway.check_runway(rt, a)
+    assert got == brute_force(rt, a)
+    _namespaces_add_up(got)
+    name = NAMESPACES[seed % len(NAMESPACES)]
+    assert runway.check_runway(rt, a, confined_to=name) == brute_force(rt, a, only=name)
 
 
 def test_unknown_or_empty_account_summary(rt: Runtime) -> None:
@@ -470,3 +517,28 @@ def test_unknown_or_empty_account_summary(rt: Runtime) -> None:
         total_memories=0, active=0, paused=0, no_renew=0, min_runway_epochs=None
     )
     assert runway.check_runway(rt, "acct_nobody") == brute_force(rt, "acct_nobody")
+
+
+def test_namespaces_largest_first_ties_by_name_and_the_rest_counted(
+    rt: Runtime,
+    clock,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """More namespaces than the list holds: the largest, ties by name, and how many more;
+    names shown as stored, never as tokens."""
+    monkeypatch.setattr(runway, "NAMESPACES_MAX", 3)
+    a = account(rt)
+    sizes = {"zeta": 3, "alpha": 2, "beta": 2, "gamma": 2, "delta": 1}
+    for name, n in sizes.items():
+        for i in range(n):
+            store.store(rt, a, content=f"{name} {i}", request_id=f"{name}-{i}", namespace=name)
+    land_all(rt)
+    summary = runway.check_runway(rt, a).account
+    assert summary is not None
+    assert [(n.namespace, n.total_memories) for n in summary.namespaces] == [
+        ("zeta", 3),
+        ("alpha", 2),
+        ("beta", 2),
+    ]
+    assert summary.more_namespaces == 2
+    assert runway.check_runway(rt, a) == brute_force(rt, a)

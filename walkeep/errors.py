@@ -45,6 +45,15 @@ class NotFound(WalkeepError):
     http_status = 404
 
 
+class Forbidden(WalkeepError):
+    """The API key is confined to one namespace and the call named another; nothing
+    happened. ``data.namespace`` is the one the key may use. Beside the reference's codes:
+    operators confine keys (``walkeep key create --only-namespace``)."""
+
+    code = "FORBIDDEN"
+    http_status = 403
+
+
 class QuotaExceeded(WalkeepError):
     """Over a per-account limit; ``data`` carries the limit."""
 
@@ -122,6 +131,7 @@ class ConfigurationError(Exception):
 ALL_CODES: tuple[str, ...] = (
     InsufficientBalance.code,
     NotFound.code,
+    Forbidden.code,
     QuotaExceeded.code,
     RelayerUnavailable.code,
     ValidationError.code,
@@ -137,6 +147,7 @@ _BY_CODE: dict[str, type[WalkeepError]] = {
     for cls in (
         InsufficientBalance,
         NotFound,
+        Forbidden,
         QuotaExceeded,
         RelayerUnavailable,
         ValidationError,

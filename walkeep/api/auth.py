@@ -38,6 +38,7 @@ from walkeep.errors import (
     jsonrpc_body,
 )
 from walkeep.mcp.server import Caller, current_caller
+from walkeep.service import digests
 from walkeep.service.operators import accounts
 from walkeep.service.runtime import Runtime
 
@@ -249,14 +250,18 @@ class KeyCache:
         digest = hashlib.sha256(api_key.encode()).hexdigest()
         now = self._monotonic()
         try:
-            principal = accounts.authenticate(self.rt.db, api_key)
+            principal = accounts.authenticate(self.rt.db, api_key, digests.master_key(self.rt))
         except Unauthorized:
             if self.known is not None:
                 self.known.forget(api_key)
             raise
         if self.known is not None:
             self.known.learn(api_key)
-        caller = Caller(principal.account_id, principal.default_namespace)
+        caller = Caller(
+            principal.account_id,
+            principal.default_namespace,
+            principal.default_namespace if principal.only_namespace else None,
+        )
         with self._lock:
             if len(self._cache) > 10_000:
                 self._cache.clear()

@@ -54,7 +54,7 @@ from walkeep.api import charts
 from walkeep.config import Settings
 from walkeep.db import Database
 from walkeep.errors import Internal, Unauthorized, WalkeepError
-from walkeep.service import alerts
+from walkeep.service import alerts, digests
 from walkeep.service.operators import accounts, statements, verify
 from walkeep.service.operators import autotopup as auto_svc
 from walkeep.service.operators import console as svc
@@ -443,15 +443,33 @@ async def login(request: Request) -> Response:
         session = Session(role="admin", csrf=_new_csrf(), key_id=_token_tag(admin_token))
     elif credential:
         try:
-            principal = await run_in_threadpool(accounts.authenticate, rt.db, credential)
+            principal = await run_in_threadpool(
+                accounts.authenticate, rt.db, credential, digests.master_key(rt)
+            )
+        except Unauthorized:
+            principal = None
+        if principal is not None and principal.only_namespace:
+            # The console shows and acts on the whole account (every namespace, credits,
+            # alerts); a key confined to one namespace must not open it. Not a failed
+            # guess: the key is valid, so it is not counted against the client.
+            log.info("console sign-in refused: the key is confined to a namespace")
+            return _login_page(
+                rt,
+                request,
+                "console/login.html",
+                403,
+                admin=bool(admin_token),
+                error="This key is confined to one namespace and cannot sign in to the "
+                "console, which shows the whole account. Sign in with another key of the "
+                "account, or ask your operator for a sign-in link.",
+            )
+        if principal is not None:
             session = Session(
                 role="account",
                 csrf=_new_csrf(),
                 account_id=principal.account_id,
                 key_id=principal.key_id,
             )
-        except Unauthorized:
-            session = None
     if session is None:
         log.info("console sign-in refused")
         await run_in_threadpool(attempt.failed, rt.db)

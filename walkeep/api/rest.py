@@ -20,6 +20,7 @@ from walkeep.errors import Unauthorized, ValidationError
 from walkeep.mcp.server import Caller
 from walkeep.service.runtime import Runtime
 from walkeep.service.tools import balance, export, forget, recall, runway, store
+from walkeep.service.tools.confine import confine
 from walkeep.service.tools.ratelimit import charge_call
 from walkeep.service.tools.schemas import (
     BalanceResult,
@@ -35,6 +36,7 @@ from walkeep.service.tools.schemas import (
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "UNAUTHORIZED"},
     402: {"model": ErrorBody, "description": "INSUFFICIENT_BALANCE"},
+    403: {"model": ErrorBody, "description": "FORBIDDEN: the key is confined to another namespace"},
     404: {"model": ErrorBody, "description": "NOT_FOUND"},
     413: {"model": ErrorBody, "description": "VALIDATION_ERROR: request body over the cap"},
     422: {"model": ErrorBody, "description": "VALIDATION_ERROR (also malformed JSON)"},
@@ -97,7 +99,9 @@ Rt = Annotated[Runtime, Depends(runtime)]
 
 
 async def call(rt: Runtime, who: Caller, tool: str, fn: Callable[..., Any], **kwargs: Any) -> Any:
-    """Admit the call through the per-key rate limit, then run the service function."""
+    """Hold a confined key to its namespace, admit the call through the per-key rate
+    limit, then run the service function."""
+    kwargs = confine(tool, kwargs, who.confined_to)
 
     def admitted() -> Any:
         charge_call(rt, who.account_id, tool, kwargs)

@@ -23,6 +23,13 @@ from walkeep.cli._common import (
 )
 
 
+def _master_key() -> bytes:
+    """The configured master key: keys' default namespaces are sealed with it."""
+    from walkeep.crypto import load_master_key
+
+    return load_master_key(_settings())
+
+
 def migrate() -> None:
     """Create or upgrade the database schema to the latest version."""
     from walkeep.db import Database, redact
@@ -51,7 +58,9 @@ def account_create(
 
     mc = _usd(credits_usd, "--credits-usd")
     db = open_db()
-    created = accounts.create_account(db, name, credits_mc=mc, default_namespace=namespace)
+    created = accounts.create_account(
+        db, name, credits_mc=mc, default_namespace=namespace, master_key=_master_key()
+    )
     _emit(
         {"account_id": created.account_id, "api_key": created.api_key},
         as_json,
@@ -114,19 +123,45 @@ def key_create(
     namespace: Annotated[
         str | None, typer.Option("--namespace", help="Default namespace for calls with this key.")
     ] = None,
+    only_namespace: Annotated[
+        bool,
+        typer.Option(
+            "--only-namespace",
+            help="Confine the key to --namespace: naming another is refused (FORBIDDEN), "
+            "ids from other namespaces are not found, and it cannot sign in to the console.",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Create another API key for an account (shown once; its prefix names it later)."""
     from walkeep.service.operators import accounts
 
+    if only_namespace and namespace is None:
+        raise CliError(
+            "--only-namespace confines the key to a namespace: give it with --namespace NS"
+        )
     db = open_db()
-    created = accounts.create_key(db, _resolve_account(db, account), default_namespace=namespace)
+    created = accounts.create_key(
+        db,
+        _resolve_account(db, account),
+        default_namespace=namespace,
+        only_namespace=only_namespace,
+        master_key=_master_key(),
+    )
+    confined = (
+        f"\nconfined to namespace {created.default_namespace!r}" if created.only_namespace else ""
+    )
     _emit(
-        {"account_id": created.account_id, "api_key": created.api_key, "prefix": created.prefix},
+        {
+            "account_id": created.account_id,
+            "api_key": created.api_key,
+            "prefix": created.prefix,
+            "only_namespace": created.only_namespace,
+        },
         as_json,
         f"API key for {created.account_id} (shown once): {created.api_key}\n"
         f"prefix: {created.prefix} (what `walkeep key list` shows and "
-        "`walkeep key revoke` takes)",
+        f"`walkeep key revoke` takes){confined}",
     )
 
 
@@ -134,13 +169,14 @@ def key_list(
     account: Annotated[str, typer.Option("--account", help="Account id or name.")],
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
-    """An account's API keys: prefix, default namespace, created, last used (to within
-    a minute) and revoked. Never the keys themselves."""
+    """An account's API keys: prefix, default namespace (marked "only" when the key is
+    confined to it), created, last used (to within a minute) and revoked. Never the keys
+    themselves."""
     from walkeep.service.operators import accounts
 
     db = open_db()
     account_id = _resolve_account(db, account)
-    keys = accounts.list_keys(db, account_id)
+    keys = accounts.list_keys(db, account_id, _master_key())
     if as_json:
         typer.echo(
             json.dumps(
@@ -148,6 +184,7 @@ def key_list(
                     {
                         "prefix": k.prefix,
                         "namespace": k.default_namespace,
+                        "only_namespace": k.only_namespace,
                         "created_at": _when(k.created_at),
                         "last_used_at": _when(k.last_used_at),
                         "revoked_at": _when(k.revoked_at),
@@ -162,13 +199,16 @@ def key_list(
         return at.strftime("%Y-%m-%d %H:%M") if at is not None else never
 
     typer.echo(f"API keys of {account_id} (last used: to within a minute; times UTC)")
-    typer.echo(f"{'PREFIX':<18} {'NAMESPACE':<16} {'CREATED':<16}  {'LAST USED':<16}  STATUS")
+    typer.echo(
+        f"{'PREFIX':<18} {'NAMESPACE':<16} {'ONLY':<4}  {'CREATED':<16}  {'LAST USED':<16}  STATUS"
+    )
     for k in keys:
         ns = k.default_namespace or "-"
         ns = ns if len(ns) <= 16 else ns[:15] + "…"
+        only = "yes" if k.only_namespace else "-"
         status = f"revoked {minute(k.revoked_at, '')}" if k.revoked_at else "active"
         typer.echo(
-            f"{k.prefix:<18} {ns:<16} {minute(k.created_at, '-'):<16}  "
+            f"{k.prefix:<18} {ns:<16} {only:<4}  {minute(k.created_at, '-'):<16}  "
             f"{minute(k.last_used_at, 'never'):<16}  {status}"
         )
 

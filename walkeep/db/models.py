@@ -119,7 +119,10 @@ class ApiKey(Base):
     account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), index=True)
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
     prefix: Mapped[str] = mapped_column(String(32), unique=True)
-    default_namespace: Mapped[str | None] = mapped_column(String(255))
+    # Sealed (walkeep/service/sealed.py, migration 0025): room for 255 bytes of name.
+    default_namespace: Mapped[str | None] = mapped_column(String(512))
+    # Confined to default_namespace: the tools refuse any other (service/tools/confine.py).
+    only_namespace: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[datetime]
     revoked_at: Mapped[datetime | None]
     # To within a minute: written when a lookup finds it older than that (accounts.py).

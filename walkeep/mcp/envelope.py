@@ -32,7 +32,7 @@ ERROR_SCHEMA: dict[str, Any] = {
     "properties": {
         "code": {
             "type": "string",
-            "description": "INSUFFICIENT_BALANCE | NOT_FOUND | QUOTA_EXCEEDED | "
+            "description": "INSUFFICIENT_BALANCE | NOT_FOUND | FORBIDDEN | QUOTA_EXCEEDED | "
             "RELAYER_UNAVAILABLE | VALIDATION_ERROR | PAYMENTS_UNAVAILABLE | UNAUTHORIZED | "
             "RATE_LIMITED | SERVICE_UNAVAILABLE | INTERNAL",
         },

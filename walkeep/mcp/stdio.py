@@ -6,7 +6,8 @@ credentials file ``walkeep serve`` writes on first run. The default namespace
 follows MemWal's precedence: explicit argument > ``--namespace`` >
 ``WALKEEP_NAMESPACE`` > the key's own default > none, where ``store`` then uses
 "default" and ``recall``/``export`` cover every namespace (as their tool
-descriptions say).
+descriptions say). A key confined to its namespace has that one only: another
+``--namespace`` is refused at start.
 """
 
 from __future__ import annotations
@@ -47,6 +48,11 @@ def build_stdio_mcp(
     except Unauthorized as exc:
         raise ConfigurationError(f"the API key was refused: {exc.message}") from exc
     default_ns = namespace or rt.settings.namespace or first.default_namespace
+    if first.confined_to is not None and default_ns != first.confined_to:
+        raise ConfigurationError(
+            f"the API key is confined to namespace {first.confined_to!r}: drop "
+            f"--namespace / WALKEEP_NAMESPACE ({default_ns!r}) or use another key"
+        )
     mcp = build_mcp(lambda: rt, transport="stdio")
     inner = mcp.call_tool
 
@@ -62,7 +68,7 @@ def build_stdio_mcp(
                     {"tool": name},
                 )
             )
-        token = current_caller.set(Caller(who.account_id, default_ns))
+        token = current_caller.set(Caller(who.account_id, default_ns, who.confined_to))
         try:
             return await inner(name, arguments, context)
         finally:

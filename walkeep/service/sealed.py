@@ -14,6 +14,9 @@ such as an email says as much as the content. So:
   in the ``metadata`` JSON column; readers open it with :func:`open_metadata`. Each
   ``name=value`` pair is also a keyed token in ``memory_tags`` (:func:`metadata_tags`),
   which is what recall's and export's ``metadata`` filter matches.
+* an **API key's default namespace**, set by the operator, is sealed the same way
+  (:func:`seal_key_namespace`): a key is looked up by its hash, never by its namespace,
+  so no token is needed, only the name back when the key authenticates.
 
 Both keys derive from the master key and the account id (like the digest key), so a
 store seals before any data key is loaded, on the event loop, without a wait.
@@ -38,6 +41,7 @@ from walkeep.service.runtime import Runtime
 NAMESPACE = b"namespace"
 _METADATA = b"metadata"
 _NAMESPACE_NAME = b"namespace-name"
+KEY_NAMESPACE = b"key-namespace"  # api_keys.default_namespace (migration 0025)
 
 _lock = threading.Lock()
 
@@ -138,3 +142,19 @@ def metadata_tags(rt: Runtime, account_id: str, metadata: dict[str, str]) -> lis
     """The keyed token of each ``name=value`` pair (``crypto.metadata_tag``), sorted."""
     key = digests.digest_key_of(rt, account_id)
     return sorted({crypto.metadata_tag(key, k, v) for k, v in metadata.items()})
+
+
+def seal_key_namespace(master_key: bytes, account_id: str, name: str) -> str:
+    """What ``api_keys.default_namespace`` holds: the name (already validated), sealed under
+    the account's field key. Takes the master key, not a runtime: keys are created and
+    listed by operator commands that hold only a database."""
+    cipher = crypto.field_cipher(master_key, account_id)
+    return crypto.seal_field(cipher, name.encode("utf-8"), context=KEY_NAMESPACE)
+
+
+def open_key_namespace(master_key: bytes, account_id: str, stored: str | None) -> str | None:
+    """The name :func:`seal_key_namespace` sealed (``None`` stays ``None``)."""
+    if stored is None:
+        return None
+    cipher = crypto.field_cipher(master_key, account_id)
+    return crypto.open_field(cipher, stored, context=KEY_NAMESPACE).decode("utf-8")

@@ -7,6 +7,12 @@ A key's last use is recorded to within a minute, never per request: a lookup (ea
 process caches a looked-up key for a few seconds, walkeep/api/auth.py) writes the time
 only when the stored one is older than ``LAST_USED_EVERY``, so a busy key costs at most
 one small update a minute, and that update never waits for SQLite's write lock.
+
+A key's default namespace is the operator's choice and names what the agent files under,
+so it is kept sealed (``sealed.seal_key_namespace``, under the account's field key): the
+functions that write or show it take the master key. A key may be *confined* to that
+namespace (``only_namespace``): the tools' entry points then refuse any other
+(``walkeep/service/tools/confine.py``), and the console refuses its sign-in.
 """
 
 from __future__ import annotations
@@ -17,12 +23,14 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import ColumnElement, func, or_, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.orm import Session
 
 from walkeep import ids, ledger, nowait
 from walkeep.db import Database
 from walkeep.db.models import Account, ApiKey, ConsoleSession
 from walkeep.errors import NotFound, Unauthorized, ValidationError
 from walkeep.ledger import Kind
+from walkeep.service import sealed
 from walkeep.service.namespaces import validate_namespace
 from walkeep.service.pausing import Reach, resume_paused
 
@@ -48,15 +56,18 @@ class CreatedKey:
     api_key: str
     prefix: str
     default_namespace: str | None
+    only_namespace: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who is calling: the account an API key resolves to."""
+    """Who is calling: the account an API key resolves to, the key's default namespace
+    (opened), and whether the key is confined to it."""
 
     account_id: str
     key_id: str
     default_namespace: str | None
+    only_namespace: bool = False
 
 
 def create_account(
@@ -66,7 +77,11 @@ def create_account(
     credits_mc: int = 0,
     grant_reason: str = "initial credits",
     default_namespace: str | None = None,
+    only_namespace: bool = False,
+    master_key: bytes | None = None,
 ) -> CreatedAccount:
+    """The account and its first key. ``master_key`` seals the key's default namespace:
+    needed when one is given."""
     name = name.strip()
     if not name or len(name) > 200:
         raise ValidationError("account name must be 1–200 characters", {"field": "name"})
@@ -87,20 +102,30 @@ def create_account(
                     kind=Kind.GRANT,
                     memo=grant_reason,
                 )
-            key, prefix, _ = _add_key(s, account_id, default_namespace, now)
+            key, prefix, _ = _add_key(
+                s, account_id, _KeyScope(default_namespace, only_namespace, master_key), now
+            )
     except IntegrityError as exc:
         raise ValidationError(f"an account named {name!r} already exists", {"name": name}) from exc
     return CreatedAccount(account_id=account_id, name=name, api_key=key, key_prefix=prefix)
 
 
 def create_key(
-    db: Database, account_id: str, *, default_namespace: str | None = None
+    db: Database,
+    account_id: str,
+    *,
+    default_namespace: str | None = None,
+    only_namespace: bool = False,
+    master_key: bytes | None = None,
 ) -> CreatedKey:
+    """Another key for the account. ``only_namespace`` confines it to ``default_namespace``
+    (which it then requires); ``master_key`` seals that namespace (needed when given)."""
+    scope = _KeyScope(default_namespace, only_namespace, master_key)
     with db.begin() as s:
         if s.get(Account, account_id) is None:
             raise NotFound(f"unknown account {account_id}", {"account_id": account_id})
-        key, prefix, key_id = _add_key(s, account_id, default_namespace, db.clock.now())
-    return CreatedKey(key_id, account_id, key, prefix, default_namespace)
+        key, prefix, key_id = _add_key(s, account_id, scope, db.clock.now())
+    return CreatedKey(key_id, account_id, key, prefix, scope.namespace(), only_namespace)
 
 
 def _key_match(key: str) -> tuple[ColumnElement[bool], str]:
@@ -158,13 +183,15 @@ class KeyView:
 
     prefix: str
     default_namespace: str | None
+    only_namespace: bool
     created_at: datetime
     last_used_at: datetime | None  # to within a minute (LAST_USED_EVERY)
     revoked_at: datetime | None
 
 
-def list_keys(db: Database, account_id: str) -> list[KeyView]:
-    """The account's keys, oldest first, revoked ones included (marked)."""
+def list_keys(db: Database, account_id: str, master_key: bytes) -> list[KeyView]:
+    """The account's keys, oldest first, revoked ones included (marked); default
+    namespaces opened with ``master_key``."""
     with db.read() as s:
         if s.get(Account, account_id) is None:
             raise NotFound(f"unknown account {account_id}", {"account_id": account_id})
@@ -172,6 +199,7 @@ def list_keys(db: Database, account_id: str) -> list[KeyView]:
             select(
                 ApiKey.prefix,
                 ApiKey.default_namespace,
+                ApiKey.only_namespace,
                 ApiKey.created_at,
                 ApiKey.last_used_at,
                 ApiKey.revoked_at,
@@ -179,11 +207,24 @@ def list_keys(db: Database, account_id: str) -> list[KeyView]:
             .where(ApiKey.account_id == account_id)
             .order_by(ApiKey.created_at, ApiKey.prefix)
         ).all()
-    return [KeyView(*row) for row in rows]
+    return [
+        KeyView(
+            prefix=r.prefix,
+            default_namespace=sealed.open_key_namespace(
+                master_key, account_id, r.default_namespace
+            ),
+            only_namespace=bool(r.only_namespace),
+            created_at=r.created_at,
+            last_used_at=r.last_used_at,
+            revoked_at=r.revoked_at,
+        )
+        for r in rows
+    ]
 
 
-def authenticate(db: Database, api_key: str) -> Principal:
-    """Resolve a presented key to its account; revoked or unknown keys are refused."""
+def authenticate(db: Database, api_key: str, master_key: bytes) -> Principal:
+    """Resolve a presented key to its account; revoked or unknown keys are refused. The
+    key's default namespace is opened with ``master_key``: the tools take names."""
     if not api_key or not api_key.startswith(ids.API_KEY_PREFIXES):
         raise Unauthorized("missing or malformed API key")
     with db.read() as s:
@@ -192,6 +233,7 @@ def authenticate(db: Database, api_key: str) -> Principal:
                 ApiKey.id,
                 ApiKey.account_id,
                 ApiKey.default_namespace,
+                ApiKey.only_namespace,
                 ApiKey.revoked_at,
                 ApiKey.last_used_at,
                 Account.disabled_at,
@@ -203,7 +245,12 @@ def authenticate(db: Database, api_key: str) -> Principal:
         raise Unauthorized("unknown or revoked API key")
     _note_use(db, row.id, row.last_used_at)
     return Principal(
-        account_id=row.account_id, key_id=row.id, default_namespace=row.default_namespace
+        account_id=row.account_id,
+        key_id=row.id,
+        default_namespace=sealed.open_key_namespace(
+            master_key, row.account_id, row.default_namespace
+        ),
+        only_namespace=bool(row.only_namespace),
     )
 
 
@@ -320,11 +367,37 @@ def find_account_by_name(db: Database, name: str) -> str | None:
         return s.scalar(select(Account.id).where(Account.name == name))
 
 
-def _add_key(
-    s, account_id: str, default_namespace: str | None, now: datetime
-) -> tuple[str, str, str]:  # type: ignore[no-untyped-def]
-    if default_namespace is not None:
-        default_namespace = validate_namespace(default_namespace, "default_namespace")
+@dataclass(frozen=True, slots=True)
+class _KeyScope:
+    """What a new key is given beyond its account: a default namespace, whether it is
+    confined to it, and the master key that seals it."""
+
+    default_namespace: str | None
+    only_namespace: bool
+    master_key: bytes | None
+
+    def namespace(self) -> str | None:
+        """The default namespace, validated; refuses a confinement without one."""
+        if self.default_namespace is None:
+            if self.only_namespace:
+                raise ValidationError(
+                    "a key confined to a namespace needs that namespace: give it",
+                    {"field": "default_namespace"},
+                )
+            return None
+        return validate_namespace(self.default_namespace, "default_namespace")
+
+    def sealed_namespace(self, account_id: str) -> str | None:
+        name = self.namespace()
+        if name is None:
+            return None
+        if self.master_key is None:  # a caller's mistake, never an operator's
+            raise TypeError("a key's default namespace is sealed: pass master_key")
+        return sealed.seal_key_namespace(self.master_key, account_id, name)
+
+
+def _add_key(s: Session, account_id: str, scope: _KeyScope, now: datetime) -> tuple[str, str, str]:
+    stored = scope.sealed_namespace(account_id)
     key = ids.new_api_key()
     prefix = ids.api_key_display_prefix(key)
     key_id = ids.new_key_id()
@@ -334,7 +407,8 @@ def _add_key(
             account_id=account_id,
             key_hash=ids.api_key_hash(key),
             prefix=prefix,
-            default_namespace=default_namespace,
+            default_namespace=stored,
+            only_namespace=scope.only_namespace,
             created_at=now,
         )
     )

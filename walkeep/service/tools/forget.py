@@ -17,6 +17,10 @@ by case (``_note``):
   account keeps holds the same bytes, which stay while it is kept; a write that may be
   packed lands in a quilt whose other memories may keep it renewed; otherwise it lapses
   at the end of its initial paid epochs. The note says whichever of these can happen.
+
+A key confined to a namespace (``confined_to``) forgets only inside it: an id from another
+namespace is NOT_FOUND as an unknown one is, a shared blob_id stops only that namespace's
+copies, and the note never names a memory of another namespace.
 """
 
 from __future__ import annotations
@@ -24,14 +28,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import ColumnElement, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from walkeep.backends.base import EpochInfo
 from walkeep.db.models import Blob, Memory, RenewalItem, Request
 from walkeep.lifecycle import MemoryStatus
+from walkeep.service import sealed
 from walkeep.service.leaving import Why, leave
+from walkeep.service.namespaces import validate_namespace
 from walkeep.service.runtime import Runtime
 from walkeep.service.tools import idempotency
 from walkeep.service.tools.schemas import ForgetResult
@@ -40,10 +46,30 @@ from walkeep.service.tools.views import approx_epoch_start, resolve
 TOOL = "forget"
 
 
-def forget(rt: Runtime, account_id: str, *, memory_id: str, request_id: str) -> ForgetResult:
+def forget(
+    rt: Runtime,
+    account_id: str,
+    *,
+    memory_id: str,
+    request_id: str,
+    confined_to: str | None = None,
+) -> ForgetResult:
     idempotency.validate_request_id(request_id)
     fp = idempotency.fingerprint(rt, account_id, memory_id=memory_id)
+    token = (
+        None
+        if confined_to is None
+        else sealed.namespace_token(rt, account_id, validate_namespace(confined_to))
+    )
+    # Same account, and for a confined key the same namespace: the memories it may stop.
+    mine = [Memory.account_id == account_id]
+    if token is not None:
+        mine.append(Memory.namespace == token)
     with rt.db.read() as s:
+        if token is not None:
+            # Before any replay: a request id another key of the account used on another
+            # namespace's memory must not answer (and so reveal it) for this one.
+            resolve(s, account_id, memory_id, namespace=token)
         prior = idempotency.find(s, account_id, TOOL, request_id)
     if prior is not None:
         idempotency.check_fingerprint(prior, fp)
@@ -54,7 +80,7 @@ def forget(rt: Runtime, account_id: str, *, memory_id: str, request_id: str) -> 
     info = rt.chain.epoch_info()
     try:
         with rt.db.begin() as s:
-            rows = resolve(s, account_id, memory_id)
+            rows = resolve(s, account_id, memory_id, namespace=token)
             public = {m.blob_id for m, _ in rows if m.blob_id}
             ids_ = {m.id for m, _ in rows}
             # Every memory of this account with the same blob_id (identical content:
@@ -62,10 +88,7 @@ def forget(rt: Runtime, account_id: str, *, memory_id: str, request_id: str) -> 
             # marked now and lands as no-renew (service/leaving.py).
             leave(
                 s,
-                [
-                    Memory.account_id == account_id,
-                    or_(Memory.blob_id.in_(public), Memory.id.in_(ids_)),
-                ],
+                [*mine, or_(Memory.blob_id.in_(public), Memory.id.in_(ids_))],
                 now,
                 Why.FORGOTTEN,
             )
@@ -76,7 +99,7 @@ def forget(rt: Runtime, account_id: str, *, memory_id: str, request_id: str) -> 
                 .where(Memory.id.in_(ids_), Memory.forgotten_at.is_(None))
                 .values(forgotten_at=now)
             )
-            note = _note(_facts(rt, s, account_id, rows, public), info, now)
+            note = _note(_facts(rt, s, mine, rows, public), info, now)
             result = ForgetResult(memory_id=memory_id, status="no-renew", note=note)
             s.add(
                 Request(
@@ -118,17 +141,19 @@ class _Facts:
 def _facts(
     rt: Runtime,
     s: Session,
-    account_id: str,
+    mine: list[ColumnElement[bool]],
     rows: list[tuple[Memory, Blob | None]],
     public: set[str],
 ) -> _Facts:
+    """``mine``: the memories the caller may see (the account's; a confined key's
+    namespace's), so the note counts and names only those."""
     blobs = {b.id: b for _, b in rows if b is not None}
     stopped = (
         s.scalar(
             select(func.count())
             .select_from(Memory)
             .where(
-                Memory.account_id == account_id,
+                *mine,
                 Memory.blob_id.in_(public),
                 Memory.status == MemoryStatus.NO_RENEW,
             )
@@ -165,7 +190,7 @@ def _facts(
         kept_copy = s.scalar(
             select(Memory.id)
             .where(
-                Memory.account_id == account_id,
+                *mine,
                 Memory.content_hash.in_({m.content_hash for m in writing}),
                 Memory.status.in_([MemoryStatus.ACTIVE, MemoryStatus.PAUSED]),
             )

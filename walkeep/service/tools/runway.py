@@ -3,6 +3,13 @@
 Every figure comes from Walkeep's registry of on-chain facts (blob end_epoch,
 renewal digests) and the chain's current epoch. ``last_renewal_tx`` is a Sui
 transaction digest an auditor can paste into an explorer.
+
+The summary (no memory_id) also counts each namespace (``namespaces``, the largest
+``NAMESPACES_MAX``): one ``GROUP BY namespace, status`` off the account's
+``(account_id, namespace, status)`` index, with the memories lapsed since the last sweep
+moved out of their status exactly as the account's totals move them, so the namespaces
+add up to the totals. A key confined to a namespace (``confined_to``) sees only that
+namespace: its ids, its counts, its list (``_namespace_summary``).
 """
 
 from __future__ import annotations
@@ -27,27 +34,53 @@ from sqlalchemy.orm import Session
 
 from walkeep import lifecycle
 from walkeep.db.models import BigId, Blob, Memory, MemoryCounts, table
-from walkeep.lifecycle import BlobStatus, MemoryStatus
+from walkeep.lifecycle import LISTED, BlobStatus, MemoryStatus
+from walkeep.service import sealed
+from walkeep.service.namespaces import validate_namespace
 from walkeep.service.runtime import Runtime
-from walkeep.service.tools.schemas import RunwayMemory, RunwayResult, RunwaySummary
+from walkeep.service.tools.schemas import (
+    NamespaceCounts,
+    RunwayMemory,
+    RunwayResult,
+    RunwaySummary,
+)
 from walkeep.service.tools.views import resolve
 
 SUMMARY_LIST_MAX = 100
+NAMESPACES_MAX = 100
 # Landed and not swept: shown "expired" as soon as their blob's end_epoch has passed.
 KEPT = (MemoryStatus.ACTIVE, MemoryStatus.PAUSED, MemoryStatus.NO_RENEW)
 
 
-def check_runway(rt: Runtime, account_id: str, memory_id: str | None = None) -> RunwayResult:
+def check_runway(
+    rt: Runtime,
+    account_id: str,
+    memory_id: str | None = None,
+    *,
+    confined_to: str | None = None,
+) -> RunwayResult:
+    """A memory's receipt, or the account summary. ``confined_to`` (a namespace name: the
+    calling key is confined to it) limits both to that namespace; an id outside it is
+    NOT_FOUND exactly as an unknown one."""
     current = rt.chain.current_epoch()
+    token = (
+        None
+        if confined_to is None
+        else sealed.namespace_token(rt, account_id, validate_namespace(confined_to))
+    )
     if memory_id is not None:
         with rt.db.read() as s:
-            rows = resolve(s, account_id, memory_id)
+            rows = resolve(s, account_id, memory_id, namespace=token)
             return RunwayResult(
                 current_epoch=current, memories=[_view(rt, m, b, current) for m, b in rows]
             )
     # One snapshot: the counts, the corrections and the listed rows must agree.
     with rt.db.read(snapshot=True) as s:
-        summary, listed = account_summary(s, account_id, current)
+        counts = namespace_counts(s, account_id, current, token)
+        if token is None:
+            summary, listed = account_summary(s, account_id, current)
+        else:
+            summary, listed = _namespace_summary(s, account_id, token, current, counts)
         pairs = (
             s.execute(
                 select(Memory, Blob)
@@ -57,6 +90,7 @@ def check_runway(rt: Runtime, account_id: str, memory_id: str | None = None) -> 
             if listed
             else []
         )
+    summary = summary.model_copy(update=_named(rt, account_id, counts))
     views = [_view(rt, m, b, current) for m, b in pairs]
     # Most at-risk first: lapsed (runway 0), least runway, not landed yet; then memory_id.
     views.sort(key=lambda v: (v.runway_epochs is None, v.runway_epochs or 0, v.memory_id))
@@ -115,6 +149,90 @@ def account_summary(s: Session, account_id: str, current: int) -> tuple[RunwaySu
         need = SUMMARY_LIST_MAX - len(listed)
     if need > 0 and n[MemoryStatus.STORING]:
         listed += s.scalars(_smallest(MemoryStatus.STORING), {**p, "p_n": need})
+    return summary, listed
+
+
+def namespace_counts(
+    s: Session, account_id: str, current: int, token: str | None = None
+) -> dict[str, NamespaceCounts]:
+    """Each namespace's counts (keyed by token, ``namespace`` left as the token), counted
+    as :func:`account_summary` counts the account: every listed status in the total; a
+    kept memory whose blob lapsed since the last sweep out of its status's count. Only
+    namespaces holding a listed memory; only ``token``'s when given.
+
+    One index-only ``GROUP BY`` over ``(account_id, namespace, status)`` (every memory of
+    the account: bench/summary.py measures it at 100,000), and the lapsed blobs' members,
+    at most the sweep's backlog."""
+    p: dict[str, object] = {"p_account": account_id, "p_current": current}
+    by_status = _BY_NAMESPACE if token is None else _BY_NAMESPACE.where(_M.c.namespace == token)
+    lapsed_q = _LAPSED_BY_NAMESPACE[_on_pg(s)]
+    if token is not None:
+        lapsed_q = lapsed_q.where(_M.c.namespace == token)
+    lapsed: dict[tuple[str, str], int] = {(ns, st): int(k) for ns, st, k in s.execute(lapsed_q, p)}
+    out: dict[str, list[int]] = {}
+    for ns, st, k in s.execute(by_status, p):
+        if st not in LISTED:
+            continue  # accepting and failed are not memories (not listed, not counted)
+        row = out.setdefault(ns, [0, 0, 0, 0])
+        row[0] += int(k)
+        if st in _COLUMN_OF:
+            row[_COLUMN_OF[st]] += int(k) - lapsed.get((ns, st), 0)
+    return {
+        ns: NamespaceCounts(namespace=ns, total_memories=t, active=a, paused=pz, no_renew=nr)
+        for ns, (t, a, pz, nr) in out.items()
+        if t
+    }
+
+
+def _named(rt: Runtime, account_id: str, counts: dict[str, NamespaceCounts]) -> dict[str, object]:
+    """The summary's ``namespaces`` (names opened, most memories first, ties by name,
+    at most ``NAMESPACES_MAX``) and ``more_namespaces``. Only the names that can make the
+    cut are opened: those with at least as many memories as the last one kept."""
+    ranked = sorted(counts.values(), key=lambda c: -c.total_memories)
+    if len(ranked) > NAMESPACES_MAX:
+        floor = ranked[NAMESPACES_MAX - 1].total_memories
+        ranked = [c for c in ranked if c.total_memories >= floor]
+    names = sealed.namespace_names(rt, account_id, [c.namespace for c in ranked])
+    shown = sorted(
+        (c.model_copy(update={"namespace": names[c.namespace]}) for c in ranked),
+        key=lambda c: (-c.total_memories, c.namespace),
+    )[:NAMESPACES_MAX]
+    return {"namespaces": shown, "more_namespaces": len(counts) - len(shown)}
+
+
+def _namespace_summary(
+    s: Session,
+    account_id: str,
+    token: str,
+    current: int,
+    counts: dict[str, NamespaceCounts],
+) -> tuple[RunwaySummary, list[str]]:
+    """:func:`account_summary` for one namespace (a key confined to it): its counts, its
+    shortest runway and its ``SUMMARY_LIST_MAX`` most at-risk memories, in the same order
+    (runway, then memory_id; no blob last). Per-account counters cannot be split by
+    namespace, so this reads the namespace's memories off the
+    ``(account_id, namespace, status)`` index: cost grows with the namespace, not the
+    account."""
+    p: dict[str, object] = {"p_account": account_id, "p_current": current, "p_ns": token}
+    mine = counts.get(token)
+    min_end = s.scalar(_NS_MIN_ALIVE_END, p)
+    summary = RunwaySummary(
+        total_memories=mine.total_memories if mine else 0,
+        active=mine.active if mine else 0,
+        paused=mine.paused if mine else 0,
+        no_renew=mine.no_renew if mine else 0,
+        min_runway_epochs=lifecycle.runway(min_end, current) if min_end is not None else None,
+    )
+    need = SUMMARY_LIST_MAX
+    zero = [*s.scalars(_NS_SMALLEST[MemoryStatus.EXPIRED], {**p, "p_n": need})]
+    zero += s.scalars(_NS_LAPSED[_on_pg(s)], p)
+    listed = sorted(zero)[:need]
+    need -= len(listed)
+    if need > 0:
+        listed += s.scalars(_NS_FIRST_PAID, {**p, "p_n": need})
+        need = SUMMARY_LIST_MAX - len(listed)
+    if need > 0:
+        listed += s.scalars(_NS_SMALLEST[MemoryStatus.STORING], {**p, "p_n": need})
     return summary, listed
 
 
@@ -267,6 +385,62 @@ _FIRST_PAID = (
     )
     .order_by(_B.c.end_epoch)
     .limit(bindparam("p_n"))
+)
+
+
+# --- per namespace -------------------------------------------------------------------
+_NS: BindParameter[str] = bindparam("p_ns")
+# The summary's counted statuses and their column in a NamespaceCounts row
+# (total, active, paused, no_renew).
+_COLUMN_OF = {MemoryStatus.ACTIVE: 1, MemoryStatus.PAUSED: 2, MemoryStatus.NO_RENEW: 3}
+_BY_NAMESPACE = (
+    select(_M.c.namespace, _M.c.status, func.count())
+    .where(_M.c.account_id == _ACCOUNT)
+    .group_by(_M.c.namespace, _M.c.status)
+)
+# Kept memories on blobs lapsed since the last sweep, per namespace and status.
+_LAPSED_BY_NAMESPACE = tuple(
+    _on_blobs([_M.c.namespace, _M.c.status, func.count()], _LAPSED.blobs, pg).group_by(
+        _M.c.namespace, _M.c.status
+    )
+    for pg in (False, True)
+)
+_NS_SMALLEST = {
+    st: select(_M.c.id)
+    .where(_M.c.account_id == _ACCOUNT, _M.c.namespace == _NS, _M.c.status == st)
+    .order_by(_M.c.id)
+    .limit(bindparam("p_n"))
+    for st in (MemoryStatus.EXPIRED, MemoryStatus.STORING)
+}
+# The namespace's kept memories on lapsed blobs (runway 0): at most the sweep's backlog.
+_NS_LAPSED = tuple(
+    _on_blobs([_M.c.id], _LAPSED.blobs, pg).where(_M.c.namespace == _NS) for pg in (False, True)
+)
+_NS_KEPT_ON_LIVE = (
+    _M.c.account_id == _ACCOUNT,
+    _M.c.namespace == _NS,
+    _M.c.status.in_(KEPT),
+    _B.c.status == BlobStatus.LIVE,
+    _B.c.end_epoch > bindparam("p_current"),
+)
+_NS_FIRST_PAID = (
+    select(_M.c.id)
+    .join(_B, _B.c.id == _M.c.blob_pk)
+    .where(*_NS_KEPT_ON_LIVE)
+    .order_by(_B.c.end_epoch, _M.c.id)
+    .limit(bindparam("p_n"))
+)
+_NS_MIN_ALIVE_END = (
+    select(func.min(_B.c.end_epoch))
+    .select_from(_M)
+    .join(_B, _B.c.id == _M.c.blob_pk)
+    .where(
+        _M.c.account_id == _ACCOUNT,
+        _M.c.namespace == _NS,
+        _M.c.status.in_([MemoryStatus.ACTIVE, MemoryStatus.PAUSED]),
+        _B.c.status == BlobStatus.LIVE,
+        _B.c.end_epoch > bindparam("p_current"),
+    )
 )
 
 

@@ -75,12 +75,30 @@ class RunwayMemory(_Out):
     )
 
 
+class NamespaceCounts(_Out):
+    """One namespace's share of the account summary, counted as the summary counts."""
+
+    namespace: str
+    total_memories: int
+    active: int
+    paused: int
+    no_renew: int
+
+
 class RunwaySummary(_Out):
     total_memories: int
     active: int
     paused: int
     no_renew: int
     min_runway_epochs: int | None
+    namespaces: list[NamespaceCounts] = Field(
+        default_factory=list,
+        description="The account's namespaces, most memories first (ties by name), at most "
+        "100; each counted like the account's totals.",
+    )
+    more_namespaces: int = Field(
+        default=0, description="How many namespaces the list leaves out (0 when none)."
+    )
 
 
 class RunwayResult(_Out):

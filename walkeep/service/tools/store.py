@@ -184,7 +184,10 @@ def store(
     metadata: dict[str, str] | None = None,
     supersedes: str | None = None,
     expires_at: str | datetime | None = None,
+    confined_to: str | None = None,
 ) -> StoreResult:
+    """``confined_to``: the calling key is confined to this namespace (the entry points
+    have already refused any other), so ``supersedes`` resolves only inside it."""
     s = rt.settings
     idempotency.validate_request_id(request_id)
     if supersedes is not None or expires_at is not None:
@@ -229,6 +232,7 @@ def store(
         cost_mc,
         supersedes,
         life,
+        None if confined_to is None else sealed.namespace_token(rt, account_id, confined_to),
     )
     return result.model_copy(update={"namespace": namespace})
 
@@ -245,6 +249,7 @@ def _store(
     cost_mc: int,
     supersedes: str | None,
     life: _Life,
+    within: str | None,
 ) -> StoreResult:
     deadline = time.monotonic() + JOIN_WAIT_SECONDS
     # Optimistic: a new request_id is the common case, so claim first; the
@@ -253,7 +258,7 @@ def _store(
         if supersedes is not None:
             # NOT_FOUND / VALIDATION_ERROR before anything is written or billed — unless
             # this is a replay, which answers as it did (below) whatever happened since.
-            life = _Life(supersede_target(rt, account_id, supersedes), life.bound)
+            life = _Life(supersede_target(rt, account_id, supersedes, within), life.bound)
         claimed = _claim(
             rt, account_id, request_id, fp, namespace, md, size, content, cost_mc, life
         )
@@ -317,7 +322,7 @@ def _store(
             if memory.supersedes is not None:
                 # A correction that lost its race (or whose write failed): retried only
                 # if the memory it corrects is still in service, else that answer.
-                supersede_target(rt, account_id, memory.supersedes)
+                supersede_target(rt, account_id, memory.supersedes, within)
             retried = _reclaim_failed(rt, memory, fp, content, cost_mc)
             if retried is None:
                 continue
@@ -410,13 +415,14 @@ def retired_state(m: Memory, now: datetime) -> str | None:
     return None
 
 
-def supersede_target(rt: Runtime, account_id: str, ident: str) -> str:
+def supersede_target(rt: Runtime, account_id: str, ident: str, within: str | None = None) -> str:
     """The memory a store corrects, by memory_id or blob_id (of identical copies, the
-    newest still in service): NOT_FOUND if none, VALIDATION_ERROR naming its state (and
-    its successor, if any) if it is already forgotten, superseded or expired."""
+    newest still in service): NOT_FOUND if none (or none in namespace token ``within``),
+    VALIDATION_ERROR naming its state (and its successor, if any) if it is already
+    forgotten, superseded or expired."""
     now = rt.clock.now()
     with rt.db.read() as sess:
-        rows = resolve(sess, account_id, ident)
+        rows = resolve(sess, account_id, ident, namespace=within)
     in_service = [m for m, _ in rows if retired_state(m, now) is None]
     if in_service:
         return in_service[-1].id

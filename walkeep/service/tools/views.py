@@ -18,8 +18,13 @@ from walkeep.errors import NotFound, ValidationError
 from walkeep.lifecycle import LISTED
 
 
-def resolve(session: Session, account_id: str, ident: str) -> list[tuple[Memory, Blob | None]]:
-    """Memories named by a ``mem_…`` id or sharing a blob_id, in this account only."""
+def resolve(
+    session: Session, account_id: str, ident: str, *, namespace: str | None = None
+) -> list[tuple[Memory, Blob | None]]:
+    """Memories named by a ``mem_…`` id or sharing a blob_id, in this account only — and,
+    given ``namespace`` (a token: the calling key is confined to it), in that namespace
+    only. An id outside it is NOT_FOUND with the very words of an unknown one: a confined
+    key learns nothing of the account's other namespaces."""
     if not isinstance(ident, str) or not ident.strip():
         raise ValidationError("memory_id is required", {"field": "memory_id"})
     ident = ids.check_identifier(ident.strip(), "memory_id")
@@ -28,6 +33,8 @@ def resolve(session: Session, account_id: str, ident: str) -> list[tuple[Memory,
         .outerjoin(Blob, Blob.id == Memory.blob_pk)
         .where(Memory.account_id == account_id, Memory.status.in_(list(LISTED)))
     )
+    if namespace is not None:
+        q = q.where(Memory.namespace == namespace)
     if ident.startswith("mem_"):
         q = q.where(Memory.id == ident)
     else:
