@@ -272,7 +272,9 @@ def test_recall_checks_visibility_off_an_index_alone(
     event.listen(rt.db.engine, "before_cursor_execute", seen)
     try:
         for namespace in (None, sealed.namespace_token(rt, a, "birds")):
-            got = recall._visible(rt, a, namespace, filters.Filters(), blobs, rt.chain.current_epoch())
+            got = recall._visible(
+                rt, a, namespace, filters.Filters(), blobs, rt.chain.current_epoch()
+            )
             assert set(got) == set(blobs)
     finally:
         event.remove(rt.db.engine, "before_cursor_execute", seen)
