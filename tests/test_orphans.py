@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from tests.live_serve import walkeep_serve
 from tests.test_serve_workers import _wait_for_banner
 from walkeep.api.app import COMPLETER_STALE_SECONDS, readiness
 from walkeep.pressure import Heartbeat
+from walkeep.service.jobs import completion
 from walkeep.service.jobs.completion import Completer
 from walkeep.service.runtime import Runtime
 
@@ -104,20 +106,35 @@ def test_a_process_set_to_die_with_its_parent_does(tmp_path: Path, how: str) -> 
 # --- readiness: something must finish the writes this process accepts -------------------
 
 
-def test_readyz_is_unready_while_this_process_completer_is_dead_or_hung(rt: Runtime) -> None:
+def test_readyz_is_unready_while_this_process_completer_is_dead_or_hung(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The completer's rounds are held inside drain_due on cue: a round really in progress,
+    # not a timestamp written over the thread's own (which its next round reset under load).
+    entered, release = threading.Event(), threading.Event()
+    real = completion.drain_due
+
+    def held(rt_: Runtime, *a: object, **k: object) -> object:
+        entered.set()
+        release.wait(30)
+        return real(rt_, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(completion, "drain_due", held)
     completer = Completer(rt)
     rt.completer = completer
     assert readiness(rt)["checks"]["completer"] == {"ok": False, "runs": "in this process"}  # type: ignore[index]
     assert readiness(rt)["ready"] is False  # never started: nothing lands
     completer.start()
     try:
-        report = readiness(rt)
+        assert entered.wait(30), "the completer never began a round"
+        report = readiness(rt)  # in a round, not for long: ready
         assert report["ready"] is True and report["checks"]["completer"]["ok"] is True  # type: ignore[index]
-        completer._round_began = time.monotonic() - Completer.STUCK_SECONDS - 1  # hung
+        completer.STUCK_SECONDS = 0.0  # the same round, now longer than the limit: hung
         assert readiness(rt)["ready"] is False
-        completer._round_began = None
+        completer.STUCK_SECONDS = Completer.STUCK_SECONDS
         assert readiness(rt)["ready"] is True
     finally:
+        release.set()
         completer.stop()
     assert readiness(rt)["ready"] is False  # stopped
 
