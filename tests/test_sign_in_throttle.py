@@ -11,6 +11,7 @@ caller there chose the address its guesses were counted under.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +22,16 @@ from tests.live_serve import Served, walkeep_serve
 from walkeep.api.console import COOKIE
 
 ADMIN = "the-right-admin-token-0123456789"
+
+
+def _in_one_window(seconds: float = 20.0) -> None:
+    """Start a run of guesses with ``seconds`` left in the server's one-minute counting
+    window (fixed windows on the wall clock of a separate process, which no test clock
+    reaches): a run that crossed a minute boundary was counted in two windows, and its
+    11th guess was refused no longer. Waits at most ``seconds`` (a third of runs): the runs take 1–3 s."""
+    left = 60.0 - time.time() % 60.0
+    if left < seconds:
+        time.sleep(left + 0.05)
 
 
 def _sign_in(served: Served, credential: str, *, client: str | None = None) -> int:
@@ -57,6 +68,7 @@ def test_junk_from_others_never_holds_up_the_right_admin_token(behind_a_proxy: S
     so anyone's ten wrong guesses a minute answered the admin's right token 429."""
     served = behind_a_proxy
     attacker = "203.0.113.9"
+    _in_one_window()  # both runs of twelve below, and the checks after them
     codes = [_sign_in(served, f"wrong-admin-token-{i:04d}xx", client=attacker) for i in range(12)]
     assert codes == [401] * 10 + [429] * 2, codes
     # Junk API keys from another address too (another kind of credential).
@@ -77,6 +89,7 @@ def test_x_forwarded_for_is_not_believed_unless_the_proxy_is_named(
     """Regression: from 127.0.0.1 each guess could claim another address and another
     key prefix, and so was never counted twice."""
     with walkeep_serve(tmp_path, db_url, ["--no-worker"], WALKEEP_ADMIN_TOKEN=ADMIN) as served:
+        _in_one_window()
         codes = [
             _sign_in(served, f"wk_live_{i:08d}{'y' * 35}", client=f"198.51.100.{i}")
             for i in range(12)
