@@ -79,7 +79,7 @@ def test_an_operator_creates_keys_that_are_shown_once_and_work_over_rest(live: S
         assert _login(c, made.api_key).status_code == 303
         page = c.get("/console/account")
         card = _keys_card(page.text)
-        assert made.key_prefix in card and "(this session's key)" in card
+        assert made.key_prefix in card and "(signed in with this key)" in card
         assert "Create key" in card and "Confine to this namespace" in card
 
         plain = _create(c, _csrf(page.text))

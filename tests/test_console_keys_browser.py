@@ -58,7 +58,7 @@ def test_an_operator_makes_a_confined_key_in_the_browser_and_an_agent_uses_it(
     _sign_in(page, live, key)
     card = page.locator("#keys")
     assert card.locator("tbody tr").count() == 1
-    assert "this session's key" in card.inner_text()
+    assert "signed in with this key" in card.inner_text()
 
     # Confining without a namespace is refused inline, and the form keeps what was ticked.
     page.get_by_label("Confine to this namespace").check()
@@ -123,7 +123,7 @@ def test_an_operator_makes_a_confined_key_in_the_browser_and_an_agent_uses_it(
     finally:
         phone.close()
 
-    # Revoking the key this session was opened with ends it: the answer is the sign-in page.
+    # Revoking the key the console session was opened with ends it: the answer is the sign-in page.
     page.goto(f"{live.url}/console/account#keys")
     mine = card.locator(f"tbody tr[data-prefix='{key[:16]}']")
     mine.locator("summary").click()

@@ -827,8 +827,8 @@ async def console_key_create(request: Request) -> Response:
 
 @router.post("/console/keys/revoke", response_model=None)
 async def console_key_revoke(request: Request) -> Response:
-    """Revoke one of the account's keys. When that ends this session (its own key, or any
-    key for a session opened with a sign-in link), the answer is the sign-in page."""
+    """Revoke one of the account's keys. When that ends the console session (its own key,
+    or any key for a session opened with a sign-in link), the answer is the sign-in page."""
     rt = _runtime(request)
     try:
         session, form, account_id = await _acting_account(rt, request)
