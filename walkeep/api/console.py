@@ -3,8 +3,9 @@
 Server-rendered Jinja2 templates (``walkeep/api/templates``), one stylesheet
 served from the package, charts as inline SVG (``walkeep.api.charts``): no
 JavaScript, no CDN, works offline. Pages are thin: authenticate, call one
-service function (``walkeep.service.operators.console`` / ``statements`` / ``topup``),
-render.
+service function (``walkeep.service.operators.console`` / ``accounts`` / ``statements`` /
+``topup``), render. A new API key is shown once, in the answer to the form that made it:
+never in a URL, a log or a page after a redirect.
 
 Sessions are signed cookies (itsdangerous; secret from
 ``WALKEEP_CONSOLE_SECRET`` or ``<data_dir>/console.secret``, mode 0600),
@@ -658,9 +659,13 @@ async def _account_response(
     error: str | None = None,
     status_code: int = 200,
     new_secret: str | None = None,
+    keys: _KeysCard | None = None,
 ) -> HTMLResponse:
     view = await run_in_threadpool(
         lambda: svc.account_view(rt, account_id, page=_page_number(request))
+    )
+    key_list = await run_in_threadpool(
+        lambda: accounts.list_keys(rt.db, account_id, digests.master_key(rt))
     )
     alert_settings = await run_in_threadpool(alerts.get_alert_settings, rt, account_id)
     deliveries = await run_in_threadpool(alerts.recent_deliveries, rt, account_id, 10)
@@ -687,10 +692,24 @@ async def _account_response(
         alerts=alert_settings,
         deliveries=deliveries,
         new_secret=new_secret,
+        keys=key_list,
+        key_card=keys or _KeysCard(),
         auto=auto,
         auto_charges=auto_charges,
         consent_text=topup_rule.CONSENT_TEXT,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _KeysCard:
+    """What the API keys card shows beyond the list: a key just made (its only showing),
+    a revocation done, or a refusal, with the form as the operator filled it."""
+
+    created: accounts.CreatedKey | None = None
+    notice: str | None = None
+    error: str | None = None
+    namespace: str = ""
+    only_namespace: bool = False
 
 
 @router.get("/console/account", response_model=None)
@@ -746,6 +765,100 @@ async def console_alerts(request: Request) -> Response:
             rt, request, session, account_id, error=exc.message, status_code=422
         )
     return await _account_response(rt, request, session, account_id, new_secret=secret)
+
+
+async def _acting_account(rt: Runtime, request: Request) -> tuple[Session, dict[str, str], str]:
+    """The session, its checked form and the account it acts on: an operator's own, or
+    the one an admin's form names."""
+    session = await _signed_in(rt, request)
+    form = await _form(request)
+    _check_csrf(session, form)
+    account_id = form.get("account_id") if session.role == "admin" else session.account_id
+    if not account_id:
+        raise _Refused(400, "No account", "Choose an account first.")
+    return session, form, account_id
+
+
+async def _keys_page(
+    rt: Runtime,
+    request: Request,
+    session: Session,
+    account_id: str,
+    card: _KeysCard,
+    status_code: int = 200,
+) -> Response:
+    """The account page with its API keys card in ``card``'s state (an admin's form may
+    name an account that does not exist: refused, as its page is)."""
+    try:
+        return await _account_response(
+            rt, request, session, account_id, keys=card, status_code=status_code
+        )
+    except WalkeepError as exc:
+        return _refused(rt, request, _Refused(exc.http_status, "Not found", exc.message))
+
+
+@router.post("/console/keys", response_model=None)
+async def console_key_create(request: Request) -> Response:
+    """Create an API key. The key is shown once, in this response: a redirect would need
+    it stored somewhere until the next page asked for it."""
+    rt = _runtime(request)
+    try:
+        session, form, account_id = await _acting_account(rt, request)
+    except _Refused as exc:
+        return _refused(rt, request, exc)
+    namespace = form.get("namespace", "")
+    only = form.get("only_namespace") == "on"
+    try:
+        created = await run_in_threadpool(
+            lambda: accounts.create_key(
+                rt.db,
+                account_id,
+                default_namespace=namespace or None,
+                only_namespace=only,
+                master_key=digests.master_key(rt),
+            )
+        )
+    except WalkeepError as exc:
+        card = _KeysCard(error=exc.message, namespace=namespace, only_namespace=only)
+        return await _keys_page(rt, request, session, account_id, card, 422)
+    log.info("console: API key %s created", created.prefix)
+    return await _keys_page(rt, request, session, account_id, _KeysCard(created))
+
+
+@router.post("/console/keys/revoke", response_model=None)
+async def console_key_revoke(request: Request) -> Response:
+    """Revoke one of the account's keys. When that ends the console session (its own key,
+    or any key for a session opened with a sign-in link), the answer is the sign-in page."""
+    rt = _runtime(request)
+    try:
+        session, form, account_id = await _acting_account(rt, request)
+    except _Refused as exc:
+        return _refused(rt, request, exc)
+    try:
+        revoked = await run_in_threadpool(
+            functools.partial(
+                accounts.revoke_key, rt.db, form.get("prefix", ""), account_id=account_id
+            )
+        )
+    except WalkeepError as exc:
+        return await _keys_page(rt, request, session, account_id, _KeysCard(error=exc.message), 404)
+    if revoked.already:
+        notice = f"`{revoked.prefix}` was already revoked."
+    else:
+        log.info("console: API key %s revoked", revoked.prefix)
+        notice = f"Revoked `{revoked.prefix}`: agents using it stop working within seconds."
+    try:
+        await _signed_in(rt, request)
+    except _Refused:
+        return _login_page(
+            rt,
+            request,
+            "console/login.html",
+            admin=bool(rt.settings.admin_token),
+            notice=f"{notice} Your console session ended with it; sign in with another key "
+            "of the account, or with a sign-in link.",
+        )
+    return await _keys_page(rt, request, session, account_id, _KeysCard(notice=notice))
 
 
 @router.get("/console/verify/{digest}", response_model=None)

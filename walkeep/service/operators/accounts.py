@@ -148,13 +148,17 @@ class RevokedKey:
     already: bool  # it had been revoked before: nothing changed
 
 
-def revoke_key(db: Database, key: str) -> RevokedKey:
+def revoke_key(db: Database, key: str, *, account_id: str | None = None) -> RevokedKey:
     """Revoke the key given by its display prefix or whole.
 
     Whole keys are matched by their hash (what the database keeps), so an operator can
-    paste the key a leak exposed without working out its prefix first.
+    paste the key a leak exposed without working out its prefix first. With
+    ``account_id`` (the console: an operator acts on their own account only), a key of
+    another account is not found, word for word as one that does not exist.
     """
     match, missing = _key_match(key)
+    if account_id is not None:
+        match = match & (ApiKey.account_id == account_id)
     with db.begin() as s:
         row = s.scalar(select(ApiKey).where(match))
         if row is None:
@@ -179,8 +183,10 @@ def revoke_key(db: Database, key: str) -> RevokedKey:
 
 @dataclass(frozen=True, slots=True)
 class KeyView:
-    """One key as ``walkeep key list`` shows it (never the key itself)."""
+    """One key as ``walkeep key list`` and the console show it (never the key itself);
+    ``key_id`` tells the console which key its session was opened with."""
 
+    key_id: str
     prefix: str
     default_namespace: str | None
     only_namespace: bool
@@ -197,6 +203,7 @@ def list_keys(db: Database, account_id: str, master_key: bytes) -> list[KeyView]
             raise NotFound(f"unknown account {account_id}", {"account_id": account_id})
         rows = s.execute(
             select(
+                ApiKey.id,
                 ApiKey.prefix,
                 ApiKey.default_namespace,
                 ApiKey.only_namespace,
@@ -209,6 +216,7 @@ def list_keys(db: Database, account_id: str, master_key: bytes) -> list[KeyView]
         ).all()
     return [
         KeyView(
+            key_id=r.id,
             prefix=r.prefix,
             default_namespace=sealed.open_key_namespace(
                 master_key, account_id, r.default_namespace
@@ -381,7 +389,8 @@ class _KeyScope:
         if self.default_namespace is None:
             if self.only_namespace:
                 raise ValidationError(
-                    "a key confined to a namespace needs that namespace: give it",
+                    "a key confined to a namespace needs that namespace: give a default "
+                    "namespace, or leave the key unconfined",
                     {"field": "default_namespace"},
                 )
             return None
